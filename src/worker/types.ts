@@ -21,8 +21,15 @@ export interface WorkerOptions {
   loadFormat?: LoadFormat;
   /** Interpreter; default BATON_PYTHON, else <repo>/.venv/bin/python. */
   python?: string;
-  /** How long to wait for the Ready message (weights load). */
+  /** How long to wait for the Ready message (weights load). Default 600000. */
   startTimeoutMs?: number;
+  /**
+   * Copy the worker's stdout/stderr lines to our stderr, prefixed "[worker PID] "
+   * (default true). The last lines are kept for error messages either way.
+   */
+  forwardOutput?: boolean;
+  /** ZeroMQ transport between engine and worker (default "ipc"). */
+  transport?: "ipc" | "tcp";
 }
 
 export interface WorkerExit {
@@ -39,6 +46,13 @@ export interface WorkerClient extends StepExecutor {
   onDeath(listener: (exit: WorkerExit) => void): void;
   /** Send Shutdown, wait for exit, SIGKILL after a grace period. Idempotent. */
   shutdown(graceMs?: number): Promise<void>;
+  /** False once the worker has exited or is shutting down. */
+  readonly alive: boolean;
+  /**
+   * Round trip of a Ping (ms). The worker answers between steps, so a long step
+   * delays the Pong; rejects after timeoutMs (default 5000) or if the worker dies.
+   */
+  ping(timeoutMs?: number): Promise<number>;
 }
 
 /** The worker could not start; message is the worker's own explanation. */
@@ -49,5 +63,16 @@ export class WorkerStartError extends Error {
   ) {
     super(message);
     this.name = "WorkerStartError";
+  }
+}
+
+/** executeStep()/ping() failed because the worker died, failed or was shut down. */
+export class WorkerDiedError extends Error {
+  constructor(
+    message: string,
+    readonly exit: WorkerExit | null,
+  ) {
+    super(message);
+    this.name = "WorkerDiedError";
   }
 }

@@ -1,0 +1,64 @@
+"""Paged attention for a flattened mixed batch (prefill chunks and decodes).
+
+Each row attends over its whole context, gathered from the KV cache through
+its block table; a per-row loop with torch SDPA is simple and exact on CPU.
+Causality inside a chunk and sliding windows are expressed as a boolean mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class RowSpan:
+    """One row of a step, as the attention kernel sees it."""
+
+    token_start: int  # offset of the row's first new token in the flat batch
+    num_tokens: int  # new tokens this step
+    context_start: int  # position of the first new token (= tokens already in the cache)
+    context_slots: torch.Tensor  # [context_start + num_tokens] slot ids, position order
+
+    @property
+    def context_len(self) -> int:
+        return self.context_start + self.num_tokens
+
+
+def _mask(row: RowSpan, window: int | None, device: torch.device) -> torch.Tensor | None:
+    """[num_tokens, context_len] bool mask (True = attend), or None when nothing is masked."""
+    if window is None and row.num_tokens == 1:
+        return None  # a decode sees its whole context
+    q_pos = torch.arange(row.context_start, row.context_len, device=device)[:, None]
+    k_pos = torch.arange(row.context_len, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window is not None:
+        # HF's sliding-window rule: key index > query index - window.
+        allowed &= k_pos > q_pos - window
+    return allowed
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_slots: torch.Tensor,
+    v_slots: torch.Tensor,
+    rows: list[RowSpan],
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """q: [T, heads, head_dim]; k_slots/v_slots: [slots, kv_heads, head_dim] -> [T, heads, head_dim]."""
+    out = torch.empty_like(q)
+    gqa = q.shape[1] != k_slots.shape[1]
+    for row in rows:
+        if row.num_tokens == 0:
+            continue
+        span = slice(row.token_start, row.token_start + row.num_tokens)
+        q_row = q[span].transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
+        k_row = k_slots.index_select(0, row.context_slots).transpose(0, 1).unsqueeze(0)
+        v_row = v_slots.index_select(0, row.context_slots).transpose(0, 1).unsqueeze(0)
+        mask = _mask(row, window, q.device)
+        attn = F.scaled_dot_product_attention(q_row, k_row, v_row, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[span] = attn.squeeze(0).transpose(0, 1)
+    return out

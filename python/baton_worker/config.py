@@ -1,0 +1,172 @@
+"""Model configuration read from an HF model directory's config.json.
+
+Only what the decoder needs is kept, normalised across the supported families
+and across transformers versions (rope settings live in `rope_parameters` in
+transformers 5 configs and in `rope_theta` + `rope_scaling` in older files).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class ConfigError(Exception):
+    """The model directory cannot be served; the message names the cause."""
+
+
+@dataclass
+class RopeConfig:
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+    partial_rotary_factor: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    rope: RopeConfig
+    # Per layer: the sliding window size, or None for full attention.
+    sliding_windows: list[int | None] = field(default_factory=list)
+    torch_dtype: str | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path} not found") from None
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path} is not valid JSON: {error}") from None
+
+
+def _rope_config(raw: dict) -> RopeConfig:
+    # transformers 5: rope_parameters holds everything, theta included.
+    params = dict(raw.get("rope_parameters") or {})
+    # Older files: rope_theta at top level, optional rope_scaling dict.
+    if not params:
+        params = dict(raw.get("rope_scaling") or {})
+        params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ConfigError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    return RopeConfig(
+        rope_type=rope_type,
+        theta=float(params.get("rope_theta", raw.get("rope_theta", 10000.0))),
+        factor=float(params.get("factor", 1.0)),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=params.get("original_max_position_embeddings"),
+        partial_rotary_factor=float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))),
+    )
+
+
+def _sliding_windows(raw: dict, architecture: str, num_layers: int) -> list[int | None]:
+    window = raw.get("sliding_window")
+    layer_types = raw.get("layer_types")
+    if layer_types:
+        return [window if kind == "sliding_attention" else None for kind in layer_types]
+    if architecture == "MistralForCausalLM":
+        return [window] * num_layers
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and raw.get("use_sliding_window") and window:
+        # HF: layers from max_window_layers on use the window.
+        first = raw.get("max_window_layers", num_layers)
+        return [window if i >= first else None for i in range(num_layers)]
+    return [None] * num_layers
+
+
+def _eos_ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+
+
+def _require(raw: dict, key: str, path: Path):
+    if key not in raw:
+        raise ConfigError(f"{path}: missing {key!r}")
+    return raw[key]
+
+
+def load_model_config(model_dir: Path, *, lenient: bool = False) -> ModelConfig:
+    """Reads config.json (+ generation_config.json for EOS ids).
+
+    lenient: fill missing shape fields with small defaults; used by the
+    dummy-null load format, which only needs vocab_size.
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ConfigError(f"model directory {model_dir} does not exist")
+    path = model_dir / "config.json"
+    raw = read_json(path)
+    architectures = raw.get("architectures") or []
+    architecture = architectures[0] if architectures else None
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ConfigError(
+            f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"unsupported hidden_act {raw['hidden_act']!r}; supported: silu")
+
+    def get(key: str, default):
+        return raw.get(key, default) if lenient else _require(raw, key, path)
+
+    hidden_size = int(get("hidden_size", 64))
+    num_heads = int(get("num_attention_heads", 4))
+    num_layers = int(get("num_hidden_layers", 2))
+    head_dim = raw.get("head_dim") or hidden_size // num_heads
+    qwen2 = architecture == "Qwen2ForCausalLM"
+    generation = model_dir / "generation_config.json"
+    eos = _eos_ids(read_json(generation).get("eos_token_id")) if generation.exists() else []
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=int(_require(raw, "vocab_size", path)),
+        hidden_size=hidden_size,
+        intermediate_size=int(get("intermediate_size", 4 * hidden_size)),
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        # Qwen2 always has q/k/v bias; Llama-style configs say so with attention_bias.
+        qkv_bias=qwen2 or bool(raw.get("attention_bias", False)),
+        o_bias=(not qwen2) and bool(raw.get("attention_bias", False)),
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        qk_norm=architecture == "Qwen3ForCausalLM",
+        rope=_rope_config(raw),
+        sliding_windows=_sliding_windows(raw, architecture, num_layers),
+        torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
+        eos_token_ids=eos or _eos_ids(raw.get("eos_token_id")),
+    )

@@ -1,0 +1,63 @@
+"""Weight loading from an HF model directory (safetensors only, never pickle).
+
+Accepts model.safetensors, or shards listed by model.safetensors.index.json, or
+(as a fallback) every *.safetensors file in the directory. Tensors are looked up
+by their HF parameter names and converted to the serving dtype/device one at a
+time, so peak memory stays near the size of the converted weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ConfigError, read_json
+
+
+def weight_files(model_dir: Path) -> dict[str, Path]:
+    """Maps each tensor name to the file holding it."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = read_json(index).get("weight_map") or {}
+        if not weight_map:
+            raise ConfigError(f"{index} has no weight_map")
+        return {name: model_dir / file for name, file in weight_map.items()}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"no *.safetensors weights in {model_dir}")
+    mapping: dict[str, Path] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                mapping[name] = file
+    return mapping
+
+
+class WeightReader:
+    """Reads named tensors, opening each file once."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device):
+        self.files = weight_files(model_dir)
+        self.dtype = dtype
+        self.device = device
+        self._open: dict[Path, object] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.files
+
+    def get(self, name: str) -> torch.Tensor:
+        file = self.files.get(name)
+        if file is None:
+            raise ConfigError(f"weight {name!r} not found in the model's safetensors files")
+        handle = self._open.get(file)
+        if handle is None:
+            if not file.exists():
+                raise ConfigError(f"weight file {file} (listed in the index) does not exist")
+            handle = safe_open(str(file), framework="pt")
+            self._open[file] = handle
+        return handle.get_tensor(name).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def close(self) -> None:
+        self._open.clear()

@@ -1,0 +1,89 @@
+"""The worker's command line.
+
+python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
+    --block-size N [--num-blocks N] [--kv-cache-memory-bytes B]
+    [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
+    [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
+
+Bad values never make argparse exit with its own status: they raise
+OptionsError, which the server reports as a Fatal message and exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+LOAD_FORMATS = ("auto", "dummy-null")
+
+
+class OptionsError(Exception):
+    pass
+
+
+@dataclass
+class WorkerOptions:
+    model: str
+    in_endpoint: str
+    out_endpoint: str
+    block_size: int
+    num_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    load_format: str = "auto"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit 2
+        raise OptionsError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m baton_worker", description="Baton model worker")
+    p.add_argument("--model", required=True)
+    p.add_argument("--in-endpoint", required=True, help="engine's PUSH socket (the worker connects a PULL)")
+    p.add_argument("--out-endpoint", required=True, help="engine's PULL socket (the worker connects a PUSH)")
+    p.add_argument("--block-size", type=int, required=True)
+    p.add_argument("--num-blocks", type=int)
+    p.add_argument("--kv-cache-memory-bytes", type=int)
+    p.add_argument("--max-model-len", type=int)
+    # Checked after parsing so the error message can list the choices itself.
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--load-format", default="auto")
+    return p
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionsError(f"unsupported --{name} {value!r}; supported: {', '.join(choices)}")
+
+
+def parse_options(argv: list[str]) -> WorkerOptions:
+    args = _parser().parse_args(argv)
+    _choice("dtype", args.dtype, DTYPES)
+    _choice("device", args.device, DEVICES)
+    _choice("load-format", args.load_format, LOAD_FORMATS)
+    if args.block_size <= 0:
+        raise OptionsError(f"--block-size must be positive, got {args.block_size}")
+    for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise OptionsError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return WorkerOptions(**vars(args))
+
+
+def out_endpoint_from(argv: list[str]) -> str | None:
+    """Best-effort --out-endpoint, so even a bad command line can be reported as Fatal."""
+    for i, arg in enumerate(argv):
+        if arg == "--out-endpoint" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--out-endpoint="):
+            return arg.split("=", 1)[1]
+    return None

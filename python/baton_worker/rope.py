@@ -1,0 +1,61 @@
+"""Rotary position embeddings, computed exactly as transformers does.
+
+inv_freq follows transformers' rope init functions (default, linear, llama3);
+cos/sin are computed in float32 and cast to the activation dtype, and the
+rotation uses rotate_half, so greedy outputs match HF token for token.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import RopeConfig
+
+
+def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    dim = int(head_dim * rope.partial_rotary_factor)
+    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    old_context_len = rope.original_max_position_embeddings or 8192
+    low_freq_wavelen = old_context_len / rope.low_freq_factor
+    high_freq_wavelen = old_context_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_context_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class Rotary:
+    def __init__(self, rope: RopeConfig, head_dim: int, device: torch.device):
+        self.inv_freq = inverse_frequencies(rope, head_dim).to(device)
+        self.rotary_dim = self.inv_freq.numel() * 2
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, rotary_dim] cos and sin for flat positions."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: [T, heads, head_dim]; rotates the first rotary_dim channels."""
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        if self.rotary_dim == x.shape[-1]:
+            return x * cos + _rotate_half(x) * sin
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -1,0 +1,108 @@
+"""The worker process: connect to the engine, load, answer Ready, then serve.
+
+Sockets: the engine binds a PUSH at --in-endpoint and a PULL at --out-endpoint;
+the worker connects a PULL to the first and a PUSH to the second.
+Messages: Step -> StepResult, Ping -> Pong, Shutdown -> exit 0. Any failure
+(start-up or a malformed message) is sent as Fatal with a one-line message,
+printed to stderr, and the process exits 1 after giving ZeroMQ ~1 s to flush.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import zmq
+
+from . import protocol
+from .config import ConfigError
+from .loading import load_worker
+from .options import OptionsError, out_endpoint_from, parse_options
+from .orphan import protect_against_orphaning
+
+LINGER_MS = 1000
+
+
+class Channel:
+    """The worker's two sockets."""
+
+    def __init__(self, in_endpoint: str | None, out_endpoint: str):
+        self.context = zmq.Context()
+        self.push = self.context.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, LINGER_MS)
+        self.push.connect(out_endpoint)
+        self.pull = None
+        if in_endpoint is not None:
+            self.pull = self.context.socket(zmq.PULL)
+            self.pull.setsockopt(zmq.LINGER, 0)
+            self.pull.connect(in_endpoint)
+
+    def send(self, message) -> None:
+        self.push.send(protocol.encode(message), copy=False)
+
+    def recv(self) -> bytes:
+        return self.pull.recv(copy=True)
+
+    def close(self) -> None:
+        if self.pull is not None:
+            self.pull.close()
+        self.push.close()  # waits up to LINGER_MS for queued messages
+        self.context.term()
+
+
+def one_line(error: BaseException) -> str:
+    if isinstance(error, (ConfigError, OptionsError, protocol.ProtocolError)):
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return " ".join(text.split())
+
+
+def fail(channel: Channel | None, message: str) -> int:
+    print(f"baton_worker: fatal: {message}", file=sys.stderr, flush=True)
+    if channel is not None:
+        try:
+            channel.send(protocol.Fatal(message))
+        finally:
+            channel.close()
+    return 1
+
+
+def serve(channel: Channel, runner) -> int:
+    while True:
+        message = protocol.decode(channel.recv())
+        if isinstance(message, protocol.Step):
+            channel.send(runner.execute(message))
+        elif isinstance(message, protocol.Ping):
+            channel.send(protocol.Pong(message.nonce))
+        elif isinstance(message, protocol.Shutdown):
+            channel.close()
+            return 0
+        else:
+            raise protocol.ProtocolError("message.tag", f"{type(message).__name__} is not sent to the worker")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    protect_against_orphaning()
+    try:
+        opts = parse_options(argv)
+    except OptionsError as error:
+        out = out_endpoint_from(argv)
+        return fail(Channel(None, out) if out else None, one_line(error))
+    channel = Channel(opts.in_endpoint, opts.out_endpoint)
+    try:
+        loaded = load_worker(opts)
+    except Exception as error:  # every start-up failure becomes one Fatal line
+        if not isinstance(error, (ConfigError, OptionsError)):
+            traceback.print_exc()
+        return fail(channel, one_line(error))
+    channel.send(loaded.ready)
+    try:
+        return serve(channel, loaded.runner)
+    except protocol.ProtocolError as error:
+        return fail(channel, one_line(error))
+    except Exception as error:
+        traceback.print_exc()
+        return fail(channel, one_line(error))

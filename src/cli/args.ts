@@ -1,0 +1,209 @@
+// `baton serve` flags, named as in vLLM. Parsed with node:util parseArgs in
+// strict mode: an unknown flag or a bad value is a usage error (exit 2).
+
+import { parseArgs } from "node:util";
+import type { Device, Dtype, LoadFormat } from "../worker/types.js";
+
+/** A command-line mistake: printed with a hint and exit code 2. */
+export class UsageError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "UsageError";
+  }
+}
+
+export interface ServeOptions {
+  /** null: the bundled demo model. */
+  modelDir: string | null;
+  host: string;
+  port: number;
+  servedModelName: string | null;
+  maxModelLen: number | undefined;
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  blockSize: number;
+  numGpuBlocksOverride: number | undefined;
+  kvCacheMemoryBytes: number | undefined;
+  dtype: Dtype;
+  device: Device;
+  seed: number;
+  loadFormat: LoadFormat;
+  enablePrefixCaching: boolean;
+}
+
+export const SERVE_DEFAULTS = {
+  host: "127.0.0.1",
+  port: 8000,
+  maxNumSeqs: 256,
+  maxNumBatchedTokens: 2048,
+  blockSize: 16,
+  dtype: "auto",
+  device: "auto",
+  seed: 0,
+  loadFormat: "auto",
+} as const;
+
+const SERVE_FLAGS = {
+  host: { type: "string" },
+  port: { type: "string" },
+  "served-model-name": { type: "string" },
+  "max-model-len": { type: "string" },
+  "max-num-seqs": { type: "string" },
+  "max-num-batched-tokens": { type: "string" },
+  "block-size": { type: "string" },
+  "num-gpu-blocks-override": { type: "string" },
+  "kv-cache-memory-bytes": { type: "string" },
+  dtype: { type: "string" },
+  device: { type: "string" },
+  seed: { type: "string" },
+  "load-format": { type: "string" },
+  "enable-prefix-caching": { type: "boolean" },
+  // parseArgs in Node 20 has no automatic --no-* negation.
+  "no-enable-prefix-caching": { type: "boolean" },
+  help: { type: "boolean", short: "h" },
+} as const;
+
+/** vLLM's dtype spellings mapped onto the worker's. */
+const DTYPES: Record<string, Dtype> = {
+  auto: "auto",
+  float32: "float32",
+  float: "float32",
+  bfloat16: "bfloat16",
+  float16: "float16",
+  half: "float16",
+};
+const DEVICES: readonly Device[] = ["auto", "cpu", "cuda"];
+const LOAD_FORMATS: readonly LoadFormat[] = ["auto", "dummy-null"];
+
+/**
+ * An integer, optionally with vLLM's human-readable suffixes: lower-case
+ * k/m/g/t are powers of 1000, upper-case K/M/G/T powers of 1024 ("32k", "4G").
+ */
+export function parseHumanInt(text: string, flag: string): number {
+  const match = /^(\d+(?:\.\d+)?)([kmgtKMGT]?)$/.exec(text.trim());
+  if (!match) throw new UsageError(`invalid value '${text}' for --${flag}: expected an integer`);
+  const [, digits = "", suffix = ""] = match;
+  const power = suffix === "" ? 0 : "kmgt".indexOf(suffix.toLowerCase()) + 1;
+  const base = suffix !== "" && suffix === suffix.toUpperCase() ? 1024 : 1000;
+  const value = Number(digits) * base ** power;
+  if (!Number.isSafeInteger(value)) throw new UsageError(`invalid value '${text}' for --${flag}: expected an integer`);
+  return value;
+}
+
+function intFlag(value: string | undefined, flag: string, min: number, fallback: number): number;
+function intFlag(value: string | undefined, flag: string, min: number, fallback: undefined): number | undefined;
+function intFlag(value: string | undefined, flag: string, min: number, fallback: number | undefined): number | undefined {
+  if (value === undefined) return fallback;
+  const n = parseHumanInt(value, flag);
+  if (n < min) throw new UsageError(`invalid value '${value}' for --${flag}: must be at least ${min}`);
+  return n;
+}
+
+function choice<T extends string>(value: string | undefined, flag: string, allowed: Record<string, T> | readonly T[], fallback: T): T {
+  if (value === undefined) return fallback;
+  const table: Record<string, T> = Array.isArray(allowed) ? Object.fromEntries(allowed.map((a) => [a, a])) : (allowed as Record<string, T>);
+  const found = table[value];
+  if (found === undefined) {
+    throw new UsageError(`invalid value '${value}' for --${flag} (choose from ${Object.keys(table).join(", ")})`);
+  }
+  return found;
+}
+
+/** vLLM accepts --max_model_len as well as --max-model-len. */
+function normalizeFlagNames(args: readonly string[]): string[] {
+  return args.map((arg) => {
+    if (!arg.startsWith("--")) return arg;
+    const eq = arg.indexOf("=");
+    const name = eq < 0 ? arg : arg.slice(0, eq);
+    return name.replaceAll("_", "-") + (eq < 0 ? "" : arg.slice(eq));
+  });
+}
+
+export interface ParsedServe {
+  help: boolean;
+  options: ServeOptions;
+}
+
+export function parseServeArgs(args: readonly string[]): ParsedServe {
+  let parsed;
+  try {
+    parsed = parseArgs({ args: normalizeFlagNames(args), options: SERVE_FLAGS, allowPositionals: true, strict: true });
+  } catch (error) {
+    const { code, message } = error as { code?: string; message: string };
+    if (code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") {
+      throw new UsageError(`unknown option ${/'[^']*'/.exec(message)?.[0] ?? message}`);
+    }
+    // The other parseArgs messages name the flag ("Option '--port <value>' argument missing").
+    throw new UsageError(message);
+  }
+  const { values, positionals } = parsed;
+  if (positionals.length > 1) throw new UsageError(`expected at most one model directory, got ${positionals.join(" ")}`);
+  if (values["enable-prefix-caching"] && values["no-enable-prefix-caching"]) {
+    throw new UsageError("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
+  }
+  const servedModelName = values["served-model-name"];
+  if (servedModelName !== undefined && servedModelName.trim() === "") throw new UsageError("--served-model-name must not be empty");
+  const port = intFlag(values.port, "port", 0, SERVE_DEFAULTS.port);
+  if (port > 65535) throw new UsageError(`invalid value '${values.port}' for --port: must be at most 65535`);
+  const seed = values.seed === undefined ? SERVE_DEFAULTS.seed : Number(values.seed);
+  if (!Number.isSafeInteger(seed)) throw new UsageError(`invalid value '${values.seed}' for --seed: expected an integer`);
+  return {
+    help: values.help === true,
+    options: {
+      modelDir: positionals[0] ?? null,
+      host: values.host ?? SERVE_DEFAULTS.host,
+      port,
+      servedModelName: servedModelName ?? null,
+      maxModelLen: intFlag(values["max-model-len"], "max-model-len", 1, undefined),
+      maxNumSeqs: intFlag(values["max-num-seqs"], "max-num-seqs", 1, SERVE_DEFAULTS.maxNumSeqs),
+      maxNumBatchedTokens: intFlag(values["max-num-batched-tokens"], "max-num-batched-tokens", 1, SERVE_DEFAULTS.maxNumBatchedTokens),
+      blockSize: intFlag(values["block-size"], "block-size", 1, SERVE_DEFAULTS.blockSize),
+      numGpuBlocksOverride: intFlag(values["num-gpu-blocks-override"], "num-gpu-blocks-override", 1, undefined),
+      kvCacheMemoryBytes: intFlag(values["kv-cache-memory-bytes"], "kv-cache-memory-bytes", 1, undefined),
+      dtype: choice(values.dtype, "dtype", DTYPES, SERVE_DEFAULTS.dtype),
+      device: choice(values.device, "device", DEVICES, SERVE_DEFAULTS.device),
+      seed,
+      loadFormat: choice(values["load-format"], "load-format", LOAD_FORMATS, SERVE_DEFAULTS.loadFormat),
+      enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
+    },
+  };
+}
+
+export const MAIN_HELP = `Usage: baton <command> [options]
+
+Commands:
+  serve [model-dir]   serve a Hugging Face model directory with an OpenAI-compatible API
+                      (no directory: the bundled demo model in models/demo)
+
+Options:
+  -h, --help          show this help (baton serve --help lists the serve flags)
+  -v, --version       print the version
+`;
+
+export const SERVE_HELP = `Usage: baton serve [model-dir] [options]
+
+Serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models and
+GET /health. Without model-dir, serves the bundled demo model (models/demo,
+built by npm run setup) as "baton-demo".
+
+Options (vLLM's names; --flag value or --flag=value):
+  --host HOST                      address to listen on (default ${SERVE_DEFAULTS.host})
+  --port PORT                      port; 0 picks a free one (default ${SERVE_DEFAULTS.port})
+  --served-model-name NAME         model name in the API (default: the directory's name)
+  --max-model-len N                context length (default: the model's max_position_embeddings)
+  --max-num-seqs N                 most requests running at once (default ${SERVE_DEFAULTS.maxNumSeqs})
+  --max-num-batched-tokens N       token budget per engine step (default ${SERVE_DEFAULTS.maxNumBatchedTokens})
+  --block-size N                   tokens per KV-cache block (default ${SERVE_DEFAULTS.blockSize})
+  --num-gpu-blocks-override N      exact number of KV-cache blocks
+  --kv-cache-memory-bytes N        KV-cache budget in bytes (suffixes: k/m/g = 1000s, K/M/G = 1024s)
+  --dtype auto|float32|bfloat16|float16   weight and activation dtype (default auto)
+  --device auto|cpu|cuda           where the model runs (default auto)
+  --seed N                         seed of the worker's global sampler (default ${SERVE_DEFAULTS.seed})
+  --load-format auto|dummy-null    dummy-null: skip loading weights (for tests and benchmarks)
+  --no-enable-prefix-caching       turn prefix caching off
+  -h, --help                       show this help
+
+Environment:
+  BATON_PYTHON                     the Python interpreter for the model worker
+                                   (default: .venv/bin/python in the repository)
+`;

@@ -1,0 +1,204 @@
+// `baton serve`: model directory -> tokenizer and chat template -> Python
+// worker -> engine core -> HTTP server. Owns the process's lifecycle: one
+// start-up line when ready, a clean exit 0 on SIGINT/SIGTERM, exit 1 with the
+// worker's own message when it cannot start, and no worker left behind.
+
+import { existsSync } from "node:fs";
+import type { AddressInfo } from "node:net";
+import { join } from "node:path";
+import { ModelDirError, readModelDir, type ModelDirInfo } from "../config/model-dir.js";
+import { EngineCore } from "../engine/engine-core.js";
+import { buildServer, type BatonServer } from "../frontend/server.js";
+import { serviceUnavailable } from "../frontend/openai-error.js";
+import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
+import { TextTokenizer } from "../text/tokenizer.js";
+import { shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
+import { WorkerStartError, type WorkerClient } from "../worker/types.js";
+import type { ServeOptions } from "./args.js";
+
+export const DEMO_MODEL_NAME = "baton-demo";
+/** How long shutdown waits for open connections before moving on. */
+const CLOSE_TIMEOUT_MS = 5_000;
+
+/** A start-up failure: printed as "baton: <message>", exit 1. */
+export class ServeError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ServeError";
+  }
+}
+
+function log(line: string): void {
+  process.stderr.write(`baton: ${line}\n`);
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<undefined>((resolve) => {
+    timer = setTimeout(() => resolve(undefined), ms);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+function loadModelDir(options: ServeOptions, repoRoot: string): { info: ModelDirInfo; name: string } {
+  if (options.modelDir === null) {
+    const demo = join(repoRoot, "models", "demo");
+    if (!existsSync(join(demo, "config.json"))) {
+      throw new ServeError(`the demo model is missing (${demo}); run npm run setup to build it, or pass a model directory`);
+    }
+    return { info: readModelDir(demo), name: options.servedModelName ?? DEMO_MODEL_NAME };
+  }
+  const info = readModelDir(options.modelDir);
+  return { info, name: options.servedModelName ?? info.name };
+}
+
+function loadChatTemplate(info: ModelDirInfo): ChatTemplate | null {
+  const source = info.tokenizer.chatTemplate;
+  if (source === null) return null;
+  try {
+    return new ChatTemplate(source, { bosToken: info.tokenizer.bosToken, eosToken: info.tokenizer.eosToken });
+  } catch (error) {
+    // Completions still work; chat answers 400 naming the problem.
+    if (error instanceof ChatTemplateError) {
+      log(`warning: ${error.message}; /v1/chat/completions is disabled`);
+      return null;
+    }
+    throw error;
+  }
+}
+
+/** EOS ids from the config files, else the tokenizer's eos_token. */
+function eosIds(info: ModelDirInfo, tokenizer: TextTokenizer): number[] {
+  if (info.eosTokenIds.length > 0) return info.eosTokenIds;
+  const eos = info.tokenizer.eosToken === null ? null : tokenizer.tokenToId(info.tokenizer.eosToken);
+  return eos === null ? [] : [eos];
+}
+
+function urlHost(host: string): string {
+  return host.includes(":") ? `[${host}]` : host;
+}
+
+/**
+ * Runs the server until SIGINT/SIGTERM. Resolves with the process exit code
+ * (0 after a signal); throws ServeError/ModelDirError when it cannot start.
+ */
+export async function serve(options: ServeOptions, repoRoot: string): Promise<number> {
+  let info: ModelDirInfo;
+  let name: string;
+  try {
+    ({ info, name } = loadModelDir(options, repoRoot));
+  } catch (error) {
+    if (error instanceof ModelDirError) throw new ServeError(error.message);
+    throw error;
+  }
+  const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
+  const chatTemplate = loadChatTemplate(info);
+
+  let stopping = false;
+  let worker: WorkerClient | null = null;
+  let engine: EngineCore | null = null;
+  let server: BatonServer | null = null;
+  let resolveExit: (code: number) => void = () => {};
+  const exited = new Promise<number>((resolve) => {
+    resolveExit = resolve;
+  });
+
+  const shutdown = async (signal: NodeJS.Signals): Promise<void> => {
+    if (stopping) {
+      // A second signal: stop waiting (the supervisor's exit hook kills the worker).
+      log(`${signal} again, exiting now`);
+      process.exit(1);
+    }
+    stopping = true;
+    log(`${signal} received, shutting down`);
+    if (server !== null) {
+      server.setUnavailable("the server is shutting down");
+      server.failInFlight(serviceUnavailable("the server is shutting down"));
+      await withTimeout(server.app.close(), CLOSE_TIMEOUT_MS);
+    }
+    if (engine !== null) await withTimeout(engine.close(), CLOSE_TIMEOUT_MS).catch(() => {});
+    if (worker !== null) await worker.shutdown().catch(() => {});
+    // A worker still loading when the signal came is not in `worker` yet.
+    await shutdownAllWorkers().catch(() => {});
+    resolveExit(0);
+  };
+  const onSignal = (signal: NodeJS.Signals): void => {
+    void shutdown(signal);
+  };
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+
+  try {
+    worker = await startWorker({
+      modelDir: info.dir,
+      blockSize: options.blockSize,
+      numBlocks: options.numGpuBlocksOverride,
+      kvCacheMemoryBytes: options.kvCacheMemoryBytes,
+      maxModelLen: options.maxModelLen,
+      dtype: options.dtype,
+      device: options.device,
+      seed: options.seed,
+      loadFormat: options.loadFormat,
+    });
+  } catch (error) {
+    if (stopping) return exited;
+    process.off("SIGINT", onSignal);
+    process.off("SIGTERM", onSignal);
+    const message = error instanceof WorkerStartError ? error.message : (error as Error).message;
+    throw new ServeError(`worker failed to start: ${message}`);
+  }
+  if (stopping) {
+    await worker.shutdown().catch(() => {});
+    return exited;
+  }
+
+  const ready = worker.ready;
+  try {
+    engine = new EngineCore(worker, {
+      maxNumSeqs: options.maxNumSeqs,
+      maxNumBatchedTokens: options.maxNumBatchedTokens,
+      maxModelLen: ready.max_model_len,
+      blockSize: ready.block_size,
+      numBlocks: ready.num_blocks,
+      enablePrefixCaching: options.enablePrefixCaching,
+    });
+  } catch (error) {
+    await worker.shutdown().catch(() => {});
+    throw new ServeError(`cannot start the engine: ${(error as Error).message}`);
+  }
+
+  server = buildServer({
+    engine,
+    tokenizer,
+    chatTemplate,
+    servedModelName: name,
+    maxModelLen: ready.max_model_len,
+    eosTokenIds: eosIds(info, tokenizer),
+    vocabSize: ready.vocab_size,
+    onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`),
+  });
+  const liveServer = server;
+  worker.onDeath((exit) => {
+    if (stopping) return;
+    // Restarting comes later; until then the server stays up and says why it cannot serve.
+    const reason = `the model worker died (${exit.signal ?? `exit code ${exit.code}`}): ${exit.message}`;
+    log(reason);
+    liveServer.setUnavailable(reason);
+    liveServer.failInFlight(serviceUnavailable(reason));
+  });
+
+  try {
+    await server.app.listen({ host: options.host, port: options.port });
+  } catch (error) {
+    await withTimeout(engine.close(), CLOSE_TIMEOUT_MS).catch(() => {});
+    await worker.shutdown().catch(() => {});
+    throw new ServeError(`cannot listen on ${options.host}:${options.port}: ${(error as Error).message}`);
+  }
+  if (stopping) return exited;
+  const address = server.app.server.address() as AddressInfo;
+  process.stdout.write(
+    `Baton serving ${name} (${ready.architecture}, ${ready.dtype}, ${ready.device}, ${ready.num_blocks} KV blocks, ` +
+      `max_model_len ${ready.max_model_len}) on http://${urlHost(options.host)}:${address.port}\n`,
+  );
+  return exited;
+}

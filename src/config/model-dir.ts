@@ -1,0 +1,180 @@
+// Reads what the control plane needs from a Hugging Face model directory:
+// architecture, context length and EOS ids (config.json, generation_config.json),
+// the tokenizer file, and the chat template and special-token strings
+// (tokenizer_config.json, chat_template.jinja). Weights are the worker's business.
+
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { basename, join, resolve } from "node:path";
+
+/** A model directory that cannot be used; the message names the directory or file. */
+export class ModelDirError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ModelDirError";
+  }
+}
+
+export interface ModelDirInfo {
+  /** Absolute path of the directory. */
+  dir: string;
+  /** The directory's basename, the default served model name. */
+  name: string;
+  /** config.json `architectures` (may be empty). */
+  architectures: string[];
+  /** config.json `max_position_embeddings`, if present. */
+  maxPositionEmbeddings: number | null;
+  /** EOS ids: generation_config.json wins, else config.json; deduplicated. */
+  eosTokenIds: number[];
+  bosTokenId: number | null;
+  /** config.json `vocab_size`, if present. */
+  vocabSize: number | null;
+  tokenizerPath: string;
+  tokenizer: TokenizerSettings;
+}
+
+export interface TokenizerSettings {
+  /** The default chat template, or null when the model has none. */
+  chatTemplate: string | null;
+  /** Named templates (tokenizer_config.json list form), "default" included when present. */
+  namedChatTemplates: Record<string, string>;
+  bosToken: string | null;
+  eosToken: string | null;
+  /**
+   * tokenizer_config.json `add_bos_token`; null when absent. transformers' Llama
+   * tokenizers prepend BOS on this flag even if tokenizer.json's post-processor does not.
+   */
+  addBosToken: boolean | null;
+}
+
+type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+type JsonObject = { [key: string]: Json };
+
+function isObject(value: Json | undefined): value is JsonObject {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
+}
+
+function readJsonObject(path: string, required: true): JsonObject;
+function readJsonObject(path: string, required: false): JsonObject | null;
+function readJsonObject(path: string, required: boolean): JsonObject | null {
+  if (!existsSync(path)) {
+    if (required) throw new ModelDirError(`${path} not found: the model directory has no ${basename(path)}`);
+    return null;
+  }
+  let parsed: Json;
+  try {
+    parsed = JSON.parse(readFileSync(path, "utf8")) as Json;
+  } catch (error) {
+    throw new ModelDirError(`${path} is not valid JSON: ${(error as Error).message}`);
+  }
+  if (!isObject(parsed)) throw new ModelDirError(`${path} must hold a JSON object`);
+  return parsed;
+}
+
+function optionalInt(value: Json | undefined, what: string): number | null {
+  if (value === undefined || value === null) return null;
+  if (typeof value !== "number" || !Number.isInteger(value)) throw new ModelDirError(`${what} must be an integer, got ${JSON.stringify(value)}`);
+  return value;
+}
+
+/** An EOS entry: an int, a list of ints, or absent. */
+function tokenIdList(value: Json | undefined, what: string): number[] | null {
+  if (value === undefined || value === null) return null;
+  const list = Array.isArray(value) ? value : [value];
+  return list.map((entry, i) => {
+    if (typeof entry !== "number" || !Number.isInteger(entry) || entry < 0) {
+      throw new ModelDirError(`${what}[${i}] must be a non-negative integer, got ${JSON.stringify(entry)}`);
+    }
+    return entry;
+  });
+}
+
+/** Special tokens in tokenizer_config.json are strings or AddedToken dicts ({content, ...}). */
+function tokenString(value: Json | undefined): string | null {
+  if (typeof value === "string") return value;
+  if (isObject(value) && typeof value.content === "string") return value.content;
+  return null;
+}
+
+function readTokenizerSettings(dir: string): TokenizerSettings {
+  const configPath = join(dir, "tokenizer_config.json");
+  const config = readJsonObject(configPath, false) ?? {};
+  const namedChatTemplates: Record<string, string> = {};
+  let chatTemplate: string | null = null;
+  const raw = config.chat_template;
+  if (typeof raw === "string") {
+    chatTemplate = raw;
+  } else if (Array.isArray(raw)) {
+    for (const [i, entry] of raw.entries()) {
+      if (!isObject(entry) || typeof entry.name !== "string" || typeof entry.template !== "string") {
+        throw new ModelDirError(`${configPath}: chat_template[${i}] must be {"name": string, "template": string}`);
+      }
+      namedChatTemplates[entry.name] = entry.template;
+    }
+    chatTemplate = namedChatTemplates.default ?? null;
+  } else if (raw !== undefined && raw !== null) {
+    throw new ModelDirError(`${configPath}: chat_template must be a string or a list of {name, template}`);
+  }
+  // transformers lets a chat_template.jinja file beside the config override the
+  // inline template (newer checkpoints ship only the file).
+  const jinjaPath = join(dir, "chat_template.jinja");
+  if (existsSync(jinjaPath)) {
+    chatTemplate = readFileSync(jinjaPath, "utf8");
+    namedChatTemplates.default = chatTemplate;
+  } else if (chatTemplate === null) {
+    // Older processor-style checkpoints keep it in chat_template.json.
+    const legacy = readJsonObject(join(dir, "chat_template.json"), false);
+    if (legacy && typeof legacy.chat_template === "string") chatTemplate = legacy.chat_template;
+  }
+  const addBos = config.add_bos_token;
+  return {
+    chatTemplate,
+    namedChatTemplates,
+    bosToken: tokenString(config.bos_token),
+    eosToken: tokenString(config.eos_token),
+    addBosToken: typeof addBos === "boolean" ? addBos : null,
+  };
+}
+
+export function readModelDir(dirIn: string): ModelDirInfo {
+  const dir = resolve(dirIn);
+  if (!existsSync(dir)) throw new ModelDirError(`model directory ${dir} does not exist`);
+  if (!statSync(dir).isDirectory()) throw new ModelDirError(`${dir} is not a directory`);
+
+  const configPath = join(dir, "config.json");
+  const config = readJsonObject(configPath, true);
+  // Multimodal wrappers keep the language model's settings under text_config.
+  const textConfig = isObject(config.text_config) ? config.text_config : config;
+
+  const architecturesRaw = config.architectures;
+  let architectures: string[] = [];
+  if (Array.isArray(architecturesRaw)) {
+    architectures = architecturesRaw.filter((a): a is string => typeof a === "string");
+  } else if (architecturesRaw !== undefined && architecturesRaw !== null) {
+    throw new ModelDirError(`${configPath}: architectures must be a list of strings`);
+  }
+
+  const generation = readJsonObject(join(dir, "generation_config.json"), false);
+  const eosFromGeneration = generation ? tokenIdList(generation.eos_token_id, "generation_config.json eos_token_id") : null;
+  const eosFromConfig = tokenIdList(textConfig.eos_token_id ?? config.eos_token_id, "config.json eos_token_id");
+  const eosTokenIds = [...new Set(eosFromGeneration ?? eosFromConfig ?? [])];
+  const bosTokenId =
+    (generation ? optionalInt(generation.bos_token_id, "generation_config.json bos_token_id") : null) ??
+    optionalInt(textConfig.bos_token_id ?? config.bos_token_id, "config.json bos_token_id");
+
+  const tokenizerPath = join(dir, "tokenizer.json");
+  if (!existsSync(tokenizerPath)) {
+    throw new ModelDirError(`${tokenizerPath} not found: Baton needs a fast tokenizer file (tokenizer.json) in the model directory`);
+  }
+
+  return {
+    dir,
+    name: basename(dir),
+    architectures,
+    maxPositionEmbeddings: optionalInt(textConfig.max_position_embeddings, "config.json max_position_embeddings"),
+    eosTokenIds,
+    bosTokenId,
+    vocabSize: optionalInt(textConfig.vocab_size, "config.json vocab_size"),
+    tokenizerPath,
+    tokenizer: readTokenizerSettings(dir),
+  };
+}

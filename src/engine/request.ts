@@ -1,0 +1,70 @@
+// Per-request state inside the engine core. No prefill or decode phase: a
+// request has tokens it knows (prompt + outputs) and a count of tokens whose
+// KV is computed; each step gives it tokens so the count catches up.
+
+import type { SamplingParams } from "../transport/messages.js";
+import type { EngineRequest, OutputCallback, StopConditions } from "./types.js";
+
+export type RequestStatus = "waiting" | "running" | "finished";
+
+/** Wire id of a request the worker does not know (not added, or removed). */
+export const NO_WIRE_ID = -1;
+
+export class Request {
+  readonly id: string;
+  readonly sampling: SamplingParams;
+  readonly stop: StopConditions;
+  readonly priority: number;
+  readonly arrivalMs: number;
+  readonly onOutput: OutputCallback;
+
+  readonly numPromptTokens: number;
+  /** Prompt followed by every sampled token: what the worker is told when the request is added. */
+  readonly tokenIds: number[];
+  readonly outputIds: number[] = [];
+
+  status: RequestStatus = "waiting";
+  /** Small int naming the request on the wire while the worker knows it; NO_WIRE_ID otherwise. */
+  wireId = NO_WIRE_ID;
+  /** Tokens whose KV is (or, once the scheduled step runs, will be) computed. */
+  numComputedTokens = 0;
+  /** Block table: block i holds the KV of positions [i*blockSize, (i+1)*blockSize). */
+  blockIds: number[] = [];
+  /** How many of blockIds the worker already has (blocks cross the wire once). */
+  numSentBlocks = 0;
+  /** Leading blocks of blockIds already registered in (or served from) the prefix cache. */
+  numCommittedBlocks = 0;
+  /** Chained hash of each full block of tokenIds, filled lazily by the prefix cache. */
+  readonly blockHashes: number[] = [];
+  /** Prompt tokens served from the prefix cache at first admission; -1 before admission. */
+  numCachedTokens = -1;
+  numPreemptions = 0;
+
+  constructor(req: EngineRequest, onOutput: OutputCallback) {
+    this.id = req.id;
+    this.sampling = req.sampling;
+    this.stop = req.stop;
+    this.priority = req.priority;
+    this.arrivalMs = req.arrivalMs;
+    this.onOutput = onOutput;
+    this.numPromptTokens = req.promptIds.length;
+    this.tokenIds = req.promptIds.slice();
+  }
+
+  get numTokens(): number {
+    return this.tokenIds.length;
+  }
+
+  get numOutputTokens(): number {
+    return this.outputIds.length;
+  }
+
+  get isFinished(): boolean {
+    return this.status === "finished";
+  }
+
+  appendOutputToken(tokenId: number): void {
+    this.tokenIds.push(tokenId);
+    this.outputIds.push(tokenId);
+  }
+}

@@ -1,0 +1,22 @@
+// What every route needs, built once by the server.
+
+import type { ChatTemplate } from "../text/chat-template.js";
+import type { DetokenizerBatcher } from "../text/detokenizer.js";
+import type { TextTokenizer } from "../text/tokenizer.js";
+import type { EngineHandle, GenerationRegistry } from "./generation.js";
+import type { ModelLimits } from "./sampling.js";
+
+export interface FrontendContext {
+  engine: EngineHandle;
+  tokenizer: TextTokenizer;
+  detokenizer: DetokenizerBatcher;
+  /** null when the model has none: chat requests get a 400. */
+  chatTemplate: ChatTemplate | null;
+  servedModelName: string;
+  limits: ModelLimits;
+  /** Token ids must be below this. */
+  vocabSize: number;
+  registry: GenerationRegistry;
+  /** null while requests can be served; otherwise why not (503). */
+  unavailableReason(): string | null;
+}

@@ -1,0 +1,105 @@
+// The HTTP server: OpenAI-compatible routes over one engine core. Everything
+// that fails reaches the client as an OpenAI-shaped error body.
+
+import Fastify, { type FastifyError, type FastifyInstance } from "fastify";
+import type { ChatTemplate } from "../text/chat-template.js";
+import { DetokenizerBatcher } from "../text/detokenizer.js";
+import type { TextTokenizer } from "../text/tokenizer.js";
+import { handleChatCompletion } from "./chat-completions.js";
+import { handleCompletion } from "./completions.js";
+import type { FrontendContext } from "./context.js";
+import { GenerationRegistry, type EngineHandle } from "./generation.js";
+import { listModels, modelCard, retrieveModel } from "./models.js";
+import { ApiError, serverError, type ApiErrorType } from "./openai-error.js";
+
+export interface ServerOptions {
+  engine: EngineHandle;
+  tokenizer: TextTokenizer;
+  chatTemplate: ChatTemplate | null;
+  servedModelName: string;
+  maxModelLen: number;
+  eosTokenIds: number[];
+  /** Token ids must be below this (the worker's vocab size; may exceed the tokenizer's). */
+  vocabSize: number;
+  /** Largest accepted request body; long prompts as token-id lists get big. */
+  bodyLimitBytes?: number;
+  /** Called with errors that are the server's fault (for the log). */
+  onInternalError?: (error: Error) => void;
+}
+
+export interface BatonServer {
+  app: FastifyInstance;
+  /** Requests in flight. */
+  readonly inFlight: number;
+  /** Marks the server unavailable (health 503, new requests 503); null makes it available again. */
+  setUnavailable(reason: string | null): void;
+  /** Ends every request in flight with this error; their engine requests are aborted. */
+  failInFlight(error: ApiError): void;
+}
+
+function errorType(status: number): ApiErrorType {
+  if (status === 404) return "not_found_error";
+  if (status === 503) return "service_unavailable";
+  return status >= 500 ? "server_error" : "invalid_request_error";
+}
+
+export function buildServer(options: ServerOptions): BatonServer {
+  const app = Fastify({ logger: false, bodyLimit: options.bodyLimitBytes ?? 64 * 1024 * 1024 });
+  const registry = new GenerationRegistry();
+  let unavailable: string | null = null;
+  const ctx: FrontendContext = {
+    engine: options.engine,
+    tokenizer: options.tokenizer,
+    detokenizer: new DetokenizerBatcher(options.tokenizer),
+    chatTemplate: options.chatTemplate,
+    servedModelName: options.servedModelName,
+    limits: { maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds },
+    vocabSize: options.vocabSize,
+    registry,
+    unavailableReason: () => unavailable,
+  };
+  const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
+
+  app.setErrorHandler((error: FastifyError | ApiError | Error, _request, reply) => {
+    if (reply.sent || reply.raw.headersSent) return;
+    if (error instanceof ApiError) {
+      void reply.code(error.status).send(error.toBody());
+      return;
+    }
+    // fastify's own client errors: invalid JSON, empty body, wrong content type, body too large.
+    const status = "statusCode" in error && typeof error.statusCode === "number" ? error.statusCode : 500;
+    if (status < 500) {
+      const message = "code" in error && error.code === "FST_ERR_CTP_INVALID_JSON" ? `invalid JSON body: ${error.message}` : error.message;
+      void reply.code(status).send(new ApiError(status, message, errorType(status)).toBody());
+      return;
+    }
+    options.onInternalError?.(error);
+    void reply.code(500).send(serverError(`internal error: ${error.message}`).toBody());
+  });
+  app.setNotFoundHandler((request, reply) => {
+    void reply.code(404).send(new ApiError(404, `no route for ${request.method} ${request.url}`, "not_found_error").toBody());
+  });
+
+  app.get("/health", async (_request, reply) => {
+    if (unavailable === null) return { status: "ok" };
+    return reply.code(503).send({ status: "unavailable", message: unavailable });
+  });
+  app.get("/v1/models", async () => listModels(card));
+  app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
+  app.post("/v1/completions", (request, reply) => handleCompletion(ctx, request, reply));
+  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(ctx, request, reply));
+
+  return {
+    app,
+    get inFlight() {
+      return registry.size;
+    },
+    setUnavailable(reason) {
+      unavailable = reason;
+    },
+    failInFlight(error) {
+      registry.failAll(error);
+    },
+  };
+}
+

@@ -1,0 +1,121 @@
+// Chat prompts rendered with the model's own Jinja template, the way
+// transformers' apply_chat_template does: messages, bos_token, eos_token,
+// add_generation_prompt, plus any extra template variables the caller passes
+// (vLLM's chat_template_kwargs, e.g. enable_thinking for Qwen3).
+
+import { Template } from "@huggingface/jinja";
+
+/** A problem with the chat request or the template; the frontend answers 400. */
+export class ChatTemplateError extends Error {
+  constructor(
+    message: string,
+    readonly param: string | null = null,
+  ) {
+    super(message);
+    this.name = "ChatTemplateError";
+  }
+}
+
+/** A message as the template sees it: content is always a string. */
+export interface TemplateMessage {
+  role: string;
+  content: string;
+  [key: string]: unknown;
+}
+
+export interface RenderOptions {
+  addGenerationPrompt: boolean;
+  /** Extra template variables; they cannot override messages or the special tokens. */
+  extra?: Record<string, unknown>;
+}
+
+export interface SpecialTokens {
+  bosToken: string | null;
+  eosToken: string | null;
+}
+
+type ContentPart = { type?: unknown; text?: unknown };
+
+/**
+ * OpenAI content is a string, null (assistant turns with tool calls), or a list
+ * of parts. Text parts are joined with "\n" (vLLM's "string" content format);
+ * other part types need a multimodal model and are refused.
+ */
+export function normalizeContent(content: unknown, param: string): string {
+  if (typeof content === "string") return content;
+  if (content === null || content === undefined) return "";
+  if (!Array.isArray(content)) throw new ChatTemplateError(`${param} must be a string or a list of content parts`, param);
+  const texts: string[] = [];
+  content.forEach((part: unknown, i) => {
+    const where = `${param}[${i}]`;
+    if (typeof part === "string") {
+      texts.push(part);
+      return;
+    }
+    if (typeof part !== "object" || part === null) throw new ChatTemplateError(`${where} must be a content part object`, where);
+    const { type, text } = part as ContentPart;
+    if (type !== "text") {
+      throw new ChatTemplateError(`${where}: content part type ${JSON.stringify(type)} is not supported (only "text")`, where);
+    }
+    if (typeof text !== "string") throw new ChatTemplateError(`${where}.text must be a string`, where);
+    texts.push(text);
+  });
+  return texts.join("\n");
+}
+
+/** Validates OpenAI chat messages and normalizes their content to strings. */
+export function normalizeMessages(messages: unknown): TemplateMessage[] {
+  if (!Array.isArray(messages)) throw new ChatTemplateError("messages must be a list of messages", "messages");
+  if (messages.length === 0) throw new ChatTemplateError("messages must not be empty", "messages");
+  return messages.map((message: unknown, i) => {
+    const where = `messages[${i}]`;
+    if (typeof message !== "object" || message === null || Array.isArray(message)) {
+      throw new ChatTemplateError(`${where} must be an object`, where);
+    }
+    const record = message as Record<string, unknown>;
+    if (typeof record.role !== "string" || record.role === "") {
+      throw new ChatTemplateError(`${where}.role must be a non-empty string`, `${where}.role`);
+    }
+    return { ...record, role: record.role, content: normalizeContent(record.content, `${where}.content`) };
+  });
+}
+
+export class ChatTemplate {
+  private readonly template: Template;
+
+  /** Throws ChatTemplateError when the template does not parse. */
+  constructor(
+    readonly source: string,
+    private readonly special: SpecialTokens,
+  ) {
+    try {
+      this.template = new Template(source);
+    } catch (error) {
+      throw new ChatTemplateError(`the model's chat template cannot be parsed: ${(error as Error).message}`);
+    }
+  }
+
+  render(messages: TemplateMessage[], options: RenderOptions): string {
+    try {
+      return this.template.render({
+        ...options.extra,
+        messages,
+        bos_token: this.special.bosToken ?? "",
+        eos_token: this.special.eosToken ?? "",
+        add_generation_prompt: options.addGenerationPrompt,
+      });
+    } catch (error) {
+      // Templates reject bad conversations with raise_exception (e.g. roles that
+      // do not alternate); that is the client's request, hence a 400.
+      throw new ChatTemplateError(`chat template error: ${(error as Error).message}`, "messages");
+    }
+  }
+}
+
+/** The error for a model without a chat template. */
+export function noChatTemplateError(modelName: string): ChatTemplateError {
+  return new ChatTemplateError(
+    `model ${modelName} has no chat template (tokenizer_config.json chat_template or chat_template.jinja); use /v1/completions instead`,
+    "messages",
+  );
+}

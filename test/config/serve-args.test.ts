@@ -1,0 +1,144 @@
+// `baton serve` flags (vLLM names, defaults, value checks) and the CLI's exit
+// codes for usage errors and a missing model directory. Serving itself is
+// covered by the end-to-end tests with the real worker.
+
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
+import { describe, test } from "node:test";
+import { parseHumanInt, parseServeArgs, UsageError } from "../../src/cli/args.js";
+import { repoRoot } from "../text/helpers.js";
+
+const cli = join(repoRoot, "bin", "baton.mjs");
+
+function run(args: string[]) {
+  const result = spawnSync(process.execPath, [cli, ...args], { cwd: repoRoot, encoding: "utf8", timeout: 60_000 });
+  return { code: result.status, stdout: result.stdout, stderr: result.stderr };
+}
+
+describe("parseServeArgs", () => {
+  test("defaults", () => {
+    const { help, options } = parseServeArgs([]);
+    assert.equal(help, false);
+    assert.deepEqual(options, {
+      modelDir: null,
+      host: "127.0.0.1",
+      port: 8000,
+      servedModelName: null,
+      maxModelLen: undefined,
+      maxNumSeqs: 256,
+      maxNumBatchedTokens: 2048,
+      blockSize: 16,
+      numGpuBlocksOverride: undefined,
+      kvCacheMemoryBytes: undefined,
+      dtype: "auto",
+      device: "auto",
+      seed: 0,
+      loadFormat: "auto",
+      enablePrefixCaching: true,
+    });
+  });
+
+  test("every flag, with = and underscore spellings", () => {
+    const { options } = parseServeArgs([
+      "/models/x",
+      "--host=0.0.0.0",
+      "--port",
+      "0",
+      "--served-model-name",
+      "qwen",
+      "--max_model_len",
+      "4k",
+      "--max-num-seqs",
+      "8",
+      "--max-num-batched-tokens=64",
+      "--block-size",
+      "4",
+      "--num-gpu-blocks-override",
+      "100",
+      "--kv-cache-memory-bytes",
+      "1G",
+      "--dtype",
+      "half",
+      "--device",
+      "cpu",
+      "--seed",
+      "7",
+      "--load-format",
+      "dummy-null",
+      "--no-enable-prefix-caching",
+    ]);
+    assert.equal(options.modelDir, "/models/x");
+    assert.equal(options.host, "0.0.0.0");
+    assert.equal(options.port, 0);
+    assert.equal(options.servedModelName, "qwen");
+    assert.equal(options.maxModelLen, 4000);
+    assert.equal(options.maxNumSeqs, 8);
+    assert.equal(options.maxNumBatchedTokens, 64);
+    assert.equal(options.blockSize, 4);
+    assert.equal(options.numGpuBlocksOverride, 100);
+    assert.equal(options.kvCacheMemoryBytes, 1024 ** 3);
+    assert.equal(options.dtype, "float16");
+    assert.equal(options.device, "cpu");
+    assert.equal(options.seed, 7);
+    assert.equal(options.loadFormat, "dummy-null");
+    assert.equal(options.enablePrefixCaching, false);
+  });
+
+  test("human-readable integers", () => {
+    assert.equal(parseHumanInt("2048", "x"), 2048);
+    assert.equal(parseHumanInt("32k", "x"), 32_000);
+    assert.equal(parseHumanInt("32K", "x"), 32_768);
+    assert.equal(parseHumanInt("1.5G", "x"), 1.5 * 1024 ** 3);
+    assert.throws(() => parseHumanInt("12abc", "x"), UsageError);
+  });
+
+  const bad: [string[], RegExp][] = [
+    [["--bogus"], /unknown option '--bogus'/],
+    [["--dtype", "float8"], /float8.*--dtype/],
+    [["--device", "tpu"], /tpu.*--device/],
+    [["--port", "70000"], /--port/],
+    [["--block-size", "0"], /--block-size: must be at least 1/],
+    [["--max-num-seqs", "many"], /--max-num-seqs/],
+    [["a", "b"], /at most one model directory/],
+    [["--served-model-name", ""], /must not be empty/],
+  ];
+  for (const [args, pattern] of bad) {
+    test(`refuses ${args.join(" ")}`, () => {
+      assert.throws(() => parseServeArgs(args), (e: unknown) => e instanceof UsageError && pattern.test(e.message));
+    });
+  }
+});
+
+describe("the baton command", () => {
+  test("--version", () => {
+    const result = run(["--version"]);
+    assert.equal(result.code, 0);
+    assert.match(result.stdout, /^baton \d+\.\d+\.\d+\n$/);
+  });
+
+  test("--help and serve --help", () => {
+    assert.match(run(["--help"]).stdout, /baton <command>/);
+    const serveHelp = run(["serve", "--help"]);
+    assert.equal(serveHelp.code, 0);
+    for (const flag of ["--host", "--port", "--served-model-name", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--num-gpu-blocks-override", "--kv-cache-memory-bytes", "--dtype", "--device", "--seed", "--load-format", "--no-enable-prefix-caching"]) {
+      assert.ok(serveHelp.stdout.includes(flag), `serve --help lists ${flag}`);
+    }
+  });
+
+  test("an unknown flag exits 2 with a message", () => {
+    const result = run(["serve", "--frobnicate"]);
+    assert.equal(result.code, 2);
+    assert.match(result.stderr, /unknown option '--frobnicate'/);
+  });
+
+  test("an unknown command exits 2", () => {
+    assert.equal(run(["frob"]).code, 2);
+  });
+
+  test("a missing model directory exits 1 naming it", () => {
+    const result = run(["serve", "/nonexistent/no-such-model"]);
+    assert.equal(result.code, 1, result.stderr);
+    assert.match(result.stderr, /^baton: model directory \/nonexistent\/no-such-model does not exist/);
+  });
+});

@@ -1,0 +1,78 @@
+// Hand-built messages shared by the transport tests.
+
+import type { AddedRequest, SamplingParams, StepMessage, StepResultMessage, WireMessage } from "../../src/transport/messages.js";
+
+export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParams {
+  return {
+    temperature: 0.7,
+    top_p: 0.9,
+    top_k: 40,
+    min_p: 0,
+    seed: null,
+    presence_penalty: 0,
+    frequency_penalty: 0,
+    repetition_penalty: 1.0,
+    min_tokens: 0,
+    suppress_token_ids: new Int32Array([]),
+    logprobs: -1,
+    ...overrides,
+  };
+}
+
+export function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
+  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides) };
+}
+
+export function step(overrides: Partial<StepMessage> = {}): StepMessage {
+  return {
+    kind: "Step",
+    step_id: 3,
+    added: [added(1, [5, 6, 7]), added(2, [8, 9], { seed: 1234, logprobs: 2, suppress_token_ids: Int32Array.from([0, 1]) })],
+    removed: Int32Array.from([0]),
+    req_ids: Int32Array.from([1, 2]),
+    num_new_tokens: Int32Array.from([3, 2]),
+    num_computed: Int32Array.from([0, 0]),
+    new_block_counts: Int32Array.from([1, 1]),
+    new_block_ids: Int32Array.from([4, 5]),
+    sample: Uint8Array.from([1, 1]),
+    ...overrides,
+  };
+}
+
+export function result(overrides: Partial<StepResultMessage> = {}): StepResultMessage {
+  return {
+    kind: "StepResult",
+    step_id: 3,
+    req_ids: Int32Array.from([1, 2]),
+    token_ids: Int32Array.from([17, 99]),
+    logprobs: Float32Array.from([-0.5, -1.5]),
+    top_counts: Int32Array.from([0, 2]),
+    top_ids: Int32Array.from([99, 3]),
+    top_logprobs: Float32Array.from([-1.5, -2.25]),
+    timings: { prepare_ms: 0.2, forward_ms: 4.5, sample_ms: 1 },
+    ...overrides,
+  };
+}
+
+export const everyKind: WireMessage[] = [
+  step(),
+  step({ added: [], removed: new Int32Array(0), req_ids: new Int32Array(0), num_new_tokens: new Int32Array(0), num_computed: new Int32Array(0), new_block_counts: new Int32Array(0), new_block_ids: new Int32Array(0), sample: new Uint8Array(0) }),
+  { kind: "Ping", nonce: 77 },
+  { kind: "Shutdown" },
+  {
+    kind: "Ready",
+    protocol_version: 1,
+    num_blocks: 100,
+    block_size: 16,
+    max_model_len: 512,
+    vocab_size: 1000,
+    architecture: "Qwen3ForCausalLM",
+    dtype: "float32",
+    device: "cpu",
+    worker_pid: 4242,
+  },
+  result(),
+  result({ logprobs: null, top_counts: null, top_ids: null, top_logprobs: null }),
+  { kind: "Pong", nonce: 77 },
+  { kind: "Fatal", message: "cannot load: ünïcödé ✓" },
+];
