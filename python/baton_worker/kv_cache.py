@@ -22,9 +22,10 @@ class KVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        # zeros, not empty: a large calloc is lazily backed on Linux, and no
-        # uninitialised memory can ever leak into attention by mistake.
-        self.layers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        # empty, not zeros: on CPU untouched pages of a large allocation are
+        # never backed by memory (zeros would make the whole 1 GiB default
+        # resident). Attention only gathers slots of positions already written.
+        self.layers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k and v of a layer viewed as [num_blocks * block_size, kv_heads, head_dim] slot arrays."""

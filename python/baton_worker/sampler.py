@@ -70,9 +70,13 @@ class Sampler:
         if is_greedy(state):
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / s.temperature, dim=-1)
-        probs = _restrict(probs, s.min_p, s.top_k, s.top_p)
-        generator = self._generator_for(state)
-        return int(torch.multinomial(probs, 1, generator=generator))
+        ids, weights = _restrict(probs, s.min_p, s.top_k, s.top_p)
+        # Inverse-CDF draw: one uniform number from the request's generator;
+        # much cheaper than multinomial over a 150k vocabulary.
+        cdf = torch.cumsum(weights, dim=0)
+        u = torch.rand(1, generator=self._generator_for(state), device=cdf.device) * cdf[-1]
+        pick = int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
+        return pick if ids is None else int(ids[pick])
 
     def _generator_for(self, state: RequestState) -> torch.Generator:
         if state.sampling.seed is None:
@@ -136,20 +140,38 @@ def _update_counts(state: RequestState, vocab: int, device: torch.device) -> Non
     state.counted = len(state.token_ids)
 
 
-def _restrict(probs: torch.Tensor, min_p: float, top_k: int, top_p: float) -> torch.Tensor:
-    """Zeroes the tokens outside min-p, top-k and top-p support (vLLM order)."""
+def _restrict(probs: torch.Tensor, min_p: float, top_k: int, top_p: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The support left by min-p, then top-k, then top-p (vLLM's order and rules).
+
+    Returns (token ids, unnormalised weights); ids None means weights cover
+    the whole vocabulary in token order. Top-p keeps the most likely tokens
+    until the ones before a token already hold top_p of the mass (vLLM: drop
+    the ascending-sorted tail whose cumulative mass is <= 1 - top_p); it grows
+    a top-k window instead of sorting the whole vocabulary.
+    """
     if min_p > 0.0:
         probs = torch.where(probs < probs.max() * min_p, torch.zeros_like(probs), probs)
-    if top_k > 0 and top_k < probs.numel():
-        threshold = torch.topk(probs, top_k).values[-1]
-        probs = torch.where(probs < threshold, torch.zeros_like(probs), probs)
+    ids, weights = None, probs
+    vocab = probs.numel()
+    if 0 < top_k < vocab:
+        weights, ids = torch.topk(probs, top_k)
     if top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=False)
-        renorm = sorted_probs / sorted_probs.sum()
-        # Drop the low tail whose cumulative mass stays within 1 - top_p; the
-        # highest-probability token always stays.
-        drop = torch.cumsum(renorm, dim=0) <= 1 - top_p
-        drop[-1] = False
-        probs = probs.clone()
-        probs[order[drop]] = 0.0
-    return probs
+        if ids is None:
+            weights, ids = _top_mass(probs, top_p)
+        total = weights.sum()
+        before = torch.cumsum(weights, dim=0) - weights  # mass of the more likely tokens
+        keep = int((before < top_p * total).sum().clamp(min=1))
+        weights, ids = weights[:keep], ids[:keep]
+    return ids, weights
+
+
+def _top_mass(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The smallest descending top-k window that holds top_p of the mass."""
+    total = probs.sum()
+    k = 64
+    while True:
+        k = min(k, probs.numel())
+        weights, ids = torch.topk(probs, k)
+        if k == probs.numel() or weights.sum() >= top_p * total:
+            return weights, ids
+        k *= 4

@@ -9,7 +9,6 @@ printed to stderr, and the process exits 1 after giving ZeroMQ ~1 s to flush.
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from baton_worker.loading import load_worker
 from baton_worker.options import WorkerOptions
@@ -46,6 +45,7 @@ def _run_worker(model_dir, prompts, block_size, budget, dtype="auto"):
     # Staggered arrivals: later requests prefill while earlier ones decode.
     requests = [SimRequest(i, p, NEW_TOKENS, greedy, arrive_step=2 * i) for i, p in enumerate(prompts)]
     sim.run(requests)
+    assert loaded.ready.dtype == (dtype if dtype != "auto" else loaded.config.torch_dtype)
     mixed = any(
         (res_rows := [(n, s) for n, s in zip(step_rows.num_new_tokens, step_rows.sample)])
         and any(n == 1 for n, _ in res_rows)
@@ -80,9 +80,8 @@ def test_bfloat16_matches_transformers_in_bfloat16(tmp_path):
     model_dir = make_model_dir("qwen3", tmp_path / "bf16", variant=0, dtype="bfloat16")
     prompts = _prompts(512, 7)
     expected = hf_greedy(model_dir, prompts, NEW_TOKENS, model=load_model(model_dir, "bfloat16"))
-    got, _ = _run_worker(model_dir, prompts, 4, 8, dtype="auto")
+    got, _ = _run_worker(model_dir, prompts, 4, 8, dtype="auto")  # auto: bfloat16 from config.json
     for g, e in zip(got, expected):
         assert g[0] == e[0]
     agree = sum(a == b for g, e in zip(got, expected) for a, b in zip(g, e))
     assert agree >= 0.75 * NEW_TOKENS * len(prompts), (got, expected)
-    assert torch.bfloat16  # dtype auto picked bf16 from config.json; see test_server for the Ready dtype

@@ -158,3 +158,19 @@ def test_seeded_sampling_through_steps_is_batch_independent(tmp_path):
     assert len(set(alone.output)) > 6
     assert alone.logprobs == pytest.approx(crowded.logprobs, abs=1e-4)
     assert [len(t[0]) for t in alone.tops] == [2] * 12
+
+
+def test_draws_follow_the_distribution():
+    sampler = Sampler(0, torch.device("cpu"))
+    logits = probs_logits(0.5, 0.3, 0.2)
+    st = state(temperature=1.0)
+    counts = np.bincount([int(sampler.sample(logits[None], [st]).token_ids[0]) for _ in range(3000)], minlength=3)
+    assert counts[:3] / 3000 == pytest.approx([0.5, 0.3, 0.2], abs=0.04)
+
+
+def test_top_k_then_top_p_renormalise_within_top_k():
+    sampler = Sampler(0, torch.device("cpu"))
+    # top_k 2 leaves {0.4, 0.3} -> renormalised 0.571, 0.429; top_p 0.5 keeps only the first.
+    logits = probs_logits(0.4, 0.3, 0.2, 0.1)
+    assert draws(sampler, logits, state(temperature=1.0, top_k=2, top_p=0.5)) == {0}
+    assert draws(sampler, logits, state(temperature=1.0, top_k=2, top_p=0.6)) == {0, 1}

@@ -3,9 +3,10 @@
 // and hand ordered deltas to the endpoint (streamed or collected). The engine
 // is reached only through submit/abort and the output callback.
 
+import { RequestRejectedError } from "../engine/engine-core.js";
 import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
 import type { DetokenizerSession } from "../text/detokenizer.js";
-import { ApiError, serverError, serviceUnavailable } from "./openai-error.js";
+import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
 
 /** The part of EngineCore the frontend uses. */
 export interface EngineHandle {
@@ -79,7 +80,9 @@ export class Generation {
       this.engine.submit(this.request, (output) => this.onOutput(output));
     } catch (error) {
       this.engineDone = true;
-      this.fail(error instanceof ApiError ? error : serverError(`the engine refused the request: ${(error as Error).message}`));
+      // A request the engine can never run (e.g. longer than the whole KV cache) is the client's to fix.
+      if (error instanceof RequestRejectedError) this.fail(badRequest(error.message));
+      else this.fail(error instanceof ApiError ? error : serverError(`the engine refused the request: ${(error as Error).message}`));
     }
   }
 

@@ -79,7 +79,8 @@ async function record(): Promise<void> {
       const out = await complete(server.url, ids, params);
       traces.push({ name, prompt_ids: ids, params, expected_ids: out.ids, finish_reason: out.finish, source: "baton" });
     }
-    writeFileSync(tracesPath, JSON.stringify({ model: "models/demo (scripts/setup.mjs)", traces }, null, 1) + "\n");
+    const lines = traces.map((t) => `  ${JSON.stringify(t)}`).join(",\n");
+    writeFileSync(tracesPath, `{"model": "models/demo (built by scripts/setup.mjs)", "traces": [\n${lines}\n]}\n`);
     console.log(`recorded ${traces.length} traces to ${tracesPath}`);
   } finally {
     await server.stop();

@@ -1,0 +1,389 @@
+// The engine core's step loop: while there is work, schedule -> build the
+// wire step -> await the worker -> apply its sampled tokens (stop checks,
+// freeing finished requests' blocks, one RequestOutput per request per step
+// that produced a token or finished). Idle, with no timer or busy loop, when
+// no request is live; submit() wakes it.
+//
+// Behaviours worth knowing:
+// - submit() throws RequestRejectedError (synchronously, no callback) for a
+//   request that can never run: duplicate live id, empty prompt, a token
+//   outside the vocabulary, maxTokens < 1, a prompt longer than maxModelLen
+//   or than the whole KV cache.
+// - A request can grow up to min(maxModelLen, numBlocks * blockSize + 1)
+//   tokens, then finishes with "length": a request alone in the cache can
+//   always finish, so preemption cannot livelock.
+// - abort() of a request in the step being executed applies after the step
+//   (its sampled token is dropped); the request's callback gets one final
+//   output with finishReason "abort". Unknown or finished ids are ignored.
+// - If executeStep rejects (worker died) or answers out of sync, every live
+//   request ends with finishReason "error" and the error message, all blocks
+//   are freed and the prefix cache is forgotten. The engine stays usable:
+//   new requests go to the same executor (and fail the same way while it is
+//   dead) until replaceExecutor() hands it a new worker.
+// - close() stops admissions, ends live requests with "abort" (after the step
+//   in flight) and resolves when the loop is idle. It does not stop the worker.
+//
+// Overlap scheduling (step N+1 built while N runs) is not done yet; the
+// pieces are in place: the scheduler advances numComputedTokens at schedule
+// time, the worker feeds its own sampled tokens, and prefix-cache commits
+// and aborts wait for the step that executed.
+
+import { setImmediate as yieldToEventLoop } from "node:timers/promises";
+import type { StepMessage, StepResultMessage } from "../transport/messages.js";
+import { BlockManager } from "./block-manager.js";
+import { Request } from "./request.js";
+import { Scheduler, type SchedulerOutput } from "./scheduler.js";
+import { buildStepMessage } from "./step-builder.js";
+import { StepTimingRing } from "./step-timings.js";
+import { checkStop, type StopResult } from "./stop-checker.js";
+import type { EngineRequest, OutputCallback, RequestOutput, SchedulerConfig, StepExecutor, TokenLogprob } from "./types.js";
+
+export interface EngineConfig extends SchedulerConfig {
+  /** Block-granular prefix caching (default on). */
+  enablePrefixCaching?: boolean;
+  /** Steps kept in the timing ring buffer (default 1024). */
+  timingCapacity?: number;
+}
+
+export interface EngineStats {
+  numRunning: number;
+  numWaiting: number;
+  /** Blocks an allocation can take: free plus evictable cached ones. */
+  numFreeBlocks: number;
+  /** Unreferenced blocks whose KV is kept for prefix hits (part of numFreeBlocks). */
+  numCachedBlocks: number;
+  numUsedBlocks: number;
+  numBlocks: number;
+  numPreemptions: number;
+  numSteps: number;
+  /** Prompt tokens looked up in the prefix cache, and how many were served from it. */
+  numPrefixQueryTokens: number;
+  numPrefixHitTokens: number;
+  /** Output callbacks that threw (the engine goes on). */
+  numCallbackErrors: number;
+}
+
+/** submit() refused a request; the message says why. */
+export class RequestRejectedError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "RequestRejectedError";
+  }
+}
+
+export class EngineCore {
+  readonly timings: StepTimingRing;
+  private readonly config: EngineConfig;
+  private readonly blockManager: BlockManager;
+  private readonly scheduler: Scheduler;
+  /** Longest a request may grow (prompt + output). */
+  private readonly maxLen: number;
+  private readonly requests = new Map<string, Request>();
+  private executor: StepExecutor;
+  private nextExecutor: StepExecutor | null = null;
+  private nextStepId = 0;
+  private numSteps = 0;
+  private numCallbackErrors = 0;
+  private looping = false;
+  private loopDone: Promise<void> = Promise.resolve();
+  private inFlight = false;
+  private pendingAborts: string[] = [];
+  private closed = false;
+
+  constructor(executor: StepExecutor, config: EngineConfig) {
+    this.config = config;
+    this.executor = executor;
+    this.blockManager = new BlockManager(config.numBlocks, config.blockSize, config.enablePrefixCaching ?? true);
+    this.scheduler = new Scheduler(config, this.blockManager);
+    this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
+    this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
+    this.checkExecutor(executor);
+  }
+
+  get stats(): EngineStats {
+    const blocks = this.blockManager.counts();
+    return {
+      numRunning: this.scheduler.numRunning,
+      numWaiting: this.scheduler.numWaiting,
+      numFreeBlocks: blocks.free + blocks.cached,
+      numCachedBlocks: blocks.cached,
+      numUsedBlocks: blocks.inUse,
+      numBlocks: this.blockManager.numBlocks,
+      numPreemptions: this.scheduler.numPreemptions,
+      numSteps: this.numSteps,
+      numPrefixQueryTokens: this.scheduler.numPrefixQueryTokens,
+      numPrefixHitTokens: this.scheduler.numPrefixHitTokens,
+      numCallbackErrors: this.numCallbackErrors,
+    };
+  }
+
+  /** Queues a request; throws RequestRejectedError if it can never run. */
+  submit(req: EngineRequest, onOutput: OutputCallback): void {
+    this.validate(req);
+    const request = new Request(req, onOutput);
+    this.requests.set(request.id, request);
+    this.scheduler.addRequest(request);
+    this.wake();
+  }
+
+  abort(requestId: string): void {
+    if (!this.requests.has(requestId)) return;
+    if (this.inFlight) this.pendingAborts.push(requestId);
+    else this.finishAborted(requestId, null);
+  }
+
+  /**
+   * Hands the engine a new worker (e.g. after a restart). Live requests are
+   * recomputed from scratch on it; takes effect at the next step boundary.
+   */
+  replaceExecutor(executor: StepExecutor): void {
+    this.checkExecutor(executor);
+    this.nextExecutor = executor;
+    if (!this.inFlight) this.swapExecutor();
+    this.wake();
+  }
+
+  /** Ends live requests ("abort"), refuses new ones, resolves once no step is running. */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const id of [...this.requests.keys()]) {
+      if (this.inFlight) this.pendingAborts.push(id);
+      else this.finishAborted(id, "the engine is shutting down");
+    }
+    await this.loopDone;
+  }
+
+  /** The KV block bookkeeping check (tests, debugging); throws when broken. */
+  checkIntegrity(): void {
+    this.blockManager.checkIntegrity();
+  }
+
+  // ------------------------------------------------------------ step loop
+
+  private wake(): void {
+    if (this.looping || !this.scheduler.hasUnfinished) return;
+    this.looping = true;
+    this.loopDone = this.runLoop();
+  }
+
+  private async runLoop(): Promise<void> {
+    try {
+      for (;;) {
+        if (this.nextExecutor !== null) this.swapExecutor();
+        // Decided synchronously with the exit, so a submit can never fall between them.
+        if (!this.scheduler.hasUnfinished) break;
+        await this.step();
+        // Let I/O (new requests, aborts) in between steps even when the executor answers at once.
+        await yieldToEventLoop();
+      }
+    } catch (error) {
+      // A bug in the engine itself: end every request rather than leave clients hanging.
+      this.failAll(error);
+    } finally {
+      this.looping = false;
+    }
+  }
+
+  private async step(): Promise<void> {
+    const t0 = performance.now();
+    const out = this.scheduler.schedule();
+    const t1 = performance.now();
+    if (out.requests.length === 0) {
+      this.failUnschedulable(out);
+      return;
+    }
+    const message = buildStepMessage(out, this.nextStepId++);
+    const t2 = performance.now();
+    let result: StepResultMessage;
+    this.inFlight = true;
+    try {
+      result = await this.executor.executeStep(message);
+      checkResult(message, result);
+    } catch (error) {
+      this.inFlight = false;
+      this.failAll(error);
+      return;
+    }
+    this.inFlight = false;
+    const t3 = performance.now();
+    this.scheduler.updateAfterStep(out);
+    this.applyPendingAborts();
+    this.processResult(out, message, result);
+    const t4 = performance.now();
+    this.numSteps++;
+    this.timings.record({
+      stepId: message.step_id,
+      numRows: out.requests.length,
+      numTokens: out.numScheduledTokens,
+      scheduleMs: t1 - t0,
+      buildMs: t2 - t1,
+      roundTripMs: t3 - t2,
+      processMs: t4 - t3,
+      workerPrepareMs: result.timings.prepare_ms,
+      workerForwardMs: result.timings.forward_ms,
+      workerSampleMs: result.timings.sample_ms,
+    });
+  }
+
+  /** Appends each sampled token, checks stops, frees finished requests, emits outputs. */
+  private processResult(out: SchedulerOutput, message: StepMessage, result: StepResultMessage): void {
+    let k = 0;
+    let topAt = 0;
+    for (let i = 0; i < out.requests.length; i++) {
+      if (message.sample[i] === 0) continue;
+      const request = out.requests[i] as Request;
+      const token = result.token_ids[k] as number;
+      const logprob = request.sampling.logprobs >= 0 ? tokenLogprob(result, k, token, topAt) : null;
+      if (result.top_counts !== null) topAt += result.top_counts[k] as number;
+      k++;
+      // Aborted while the step ran: the token is dropped.
+      if (request.status !== "running") continue;
+      request.appendOutputToken(token);
+      const stop = checkStop(request, this.maxLen);
+      if (stop !== null) this.finish(request);
+      this.emit(request, outputOf(request, token, logprob, stop));
+    }
+  }
+
+  // ------------------------------------------------------------ endings
+
+  private finish(request: Request): void {
+    this.scheduler.finishRequest(request);
+    this.requests.delete(request.id);
+  }
+
+  private applyPendingAborts(): void {
+    const ids = this.pendingAborts;
+    this.pendingAborts = [];
+    for (const id of ids) this.finishAborted(id, this.closed ? "the engine is shutting down" : null);
+  }
+
+  private finishAborted(requestId: string, error: string | null): void {
+    const request = this.requests.get(requestId);
+    if (request === undefined) return;
+    this.finish(request);
+    this.emit(request, endOutput(request, "abort", error));
+  }
+
+  /** The worker failed: every live request ends with the error; blocks and cached KV are gone. */
+  private failAll(error: unknown): void {
+    const message = error instanceof Error ? error.message : String(error);
+    const live = [...this.requests.values()];
+    this.pendingAborts = [];
+    for (const request of live) this.finish(request);
+    this.blockManager.resetPrefixCache();
+    for (const request of live) this.emit(request, endOutput(request, "error", message));
+  }
+
+  /** Defensive: live requests but an empty step would spin; end the oldest instead. */
+  private failUnschedulable(out: SchedulerOutput): void {
+    const oldest = this.scheduler.running[0] ?? this.scheduler.waiting[0];
+    this.scheduler.deferRemoved(out.removedWireIds);
+    if (oldest === undefined) return;
+    this.finish(oldest);
+    this.emit(oldest, endOutput(oldest, "error", "internal error: the scheduler could not place the request"));
+  }
+
+  private emit(request: Request, output: RequestOutput): void {
+    try {
+      request.onOutput(output);
+    } catch {
+      // A client's callback must not take the engine down.
+      this.numCallbackErrors++;
+    }
+  }
+
+  // ------------------------------------------------------------ checks
+
+  private validate(req: EngineRequest): void {
+    const reject = (why: string): never => {
+      throw new RequestRejectedError(`request ${req.id}: ${why}`);
+    };
+    if (this.closed) reject("the engine is shutting down");
+    if (this.requests.has(req.id)) reject("a request with this id is already running");
+    const prompt = req.promptIds;
+    if (prompt.length === 0) reject("the prompt is empty");
+    if (prompt.length > this.config.maxModelLen) {
+      reject(`the prompt has ${prompt.length} tokens, more than the maximum model length ${this.config.maxModelLen}`);
+    }
+    const capacity = this.config.numBlocks * this.config.blockSize;
+    if (prompt.length > capacity) reject(`the prompt has ${prompt.length} tokens, more than the whole KV cache holds (${capacity})`);
+    const vocabSize = this.executor.ready.vocab_size;
+    for (let i = 0; i < prompt.length; i++) {
+      const t = prompt[i] as number;
+      if (!Number.isInteger(t) || t < 0 || t >= vocabSize) reject(`prompt token ${i} (${t}) is outside the vocabulary [0, ${vocabSize})`);
+    }
+    if (!Number.isInteger(req.stop.maxTokens) || req.stop.maxTokens < 1) reject(`maxTokens must be a positive integer, got ${req.stop.maxTokens}`);
+  }
+
+  private checkExecutor(executor: StepExecutor): void {
+    const ready = executor.ready;
+    if (ready.block_size !== this.config.blockSize) {
+      throw new RangeError(`the worker uses KV blocks of ${ready.block_size} tokens, the engine ${this.config.blockSize}`);
+    }
+    if (ready.num_blocks < this.config.numBlocks) {
+      throw new RangeError(`the worker has ${ready.num_blocks} KV blocks, the engine was configured for ${this.config.numBlocks}`);
+    }
+  }
+
+  private swapExecutor(): void {
+    if (this.nextExecutor === null) return;
+    this.executor = this.nextExecutor;
+    this.nextExecutor = null;
+    this.scheduler.resetWorkerState();
+  }
+}
+
+// ------------------------------------------------------------ helpers
+
+/** The worker must answer this step, one token per sampled row in row order. */
+function checkResult(step: StepMessage, result: StepResultMessage): void {
+  if (result.step_id !== step.step_id) throw new Error(`the worker answered step ${result.step_id} to step ${step.step_id}`);
+  let k = 0;
+  for (let i = 0; i < step.sample.length; i++) {
+    if (step.sample[i] === 0) continue;
+    if (result.req_ids[k] !== step.req_ids[i]) {
+      throw new Error(`step ${step.step_id}: sampled row ${k} is request ${result.req_ids[k]}, expected ${step.req_ids[i]}`);
+    }
+    k++;
+  }
+  if (result.req_ids.length !== k || result.token_ids.length !== k) {
+    throw new Error(`step ${step.step_id}: ${result.token_ids.length} sampled tokens for ${k} sampling rows`);
+  }
+}
+
+function tokenLogprob(result: StepResultMessage, k: number, token: number, topAt: number): TokenLogprob | null {
+  if (result.logprobs === null) return null;
+  const top: TokenLogprob["top"] = [];
+  if (result.top_counts !== null && result.top_ids !== null && result.top_logprobs !== null) {
+    const count = result.top_counts[k] as number;
+    for (let j = topAt; j < topAt + count; j++) top.push({ tokenId: result.top_ids[j] as number, logprob: result.top_logprobs[j] as number });
+  }
+  return { tokenId: token, logprob: result.logprobs[k] as number, top };
+}
+
+function outputOf(request: Request, token: number, logprob: TokenLogprob | null, stop: StopResult | null): RequestOutput {
+  return {
+    requestId: request.id,
+    newTokenIds: [token],
+    logprobs: logprob === null ? null : [logprob],
+    finished: stop !== null,
+    finishReason: stop === null ? null : stop.reason,
+    stopTokenId: stop === null ? null : stop.stopTokenId,
+    numCachedTokens: Math.max(request.numCachedTokens, 0),
+    error: null,
+  };
+}
+
+function endOutput(request: Request, reason: "abort" | "error", error: string | null): RequestOutput {
+  return {
+    requestId: request.id,
+    newTokenIds: [],
+    logprobs: null,
+    finished: true,
+    finishReason: reason,
+    stopTokenId: null,
+    numCachedTokens: Math.max(request.numCachedTokens, 0),
+    error,
+  };
+}

@@ -1,0 +1,281 @@
+// The scheduler (vLLM V1 style): no prefill or decode phase. Each step has a
+// token budget and a sequence cap; running requests get tokens first (decodes
+// and continuing prefill chunks, in admission order), then waiting requests
+// are admitted in queue order, each with as large a chunk as the budget and
+// the free blocks allow. A request samples in a step iff that step brings its
+// computed tokens up to all the tokens it knows.
+//
+// When a running request cannot get a block, the lowest-priority (then most
+// recently admitted) running request is preempted by recomputation: it gives
+// its blocks back, forgets its progress and goes back to the front of the
+// waiting queue; the worker drops it and later gets it again as a new request.
+
+import type { KVCacheManager } from "./block-manager.js";
+import { NO_WIRE_ID, type Request } from "./request.js";
+import type { SchedulerConfig } from "./types.js";
+
+/** One step's decisions, as plain data; step-builder turns it into the wire message. */
+export interface SchedulerOutput {
+  /** Requests with a row this step, in row order (parallel to the arrays below). */
+  requests: Request[];
+  numNewTokens: number[];
+  /** Each row's numComputedTokens before this step: where its tokens start. */
+  numComputedBefore: number[];
+  /** 1 when the row samples (it reaches all its known tokens), else 0. */
+  sample: number[];
+  /** Requests the worker must add before the rows run: first admission, or resumed after preemption. */
+  added: Request[];
+  /** Wire ids the worker must drop first (finished, aborted or preempted since the last step). */
+  removedWireIds: number[];
+  /** Requests preempted while building this step. */
+  preempted: Request[];
+  numScheduledTokens: number;
+}
+
+export class Scheduler {
+  /** Queue order: priority (lower first), then arrival; preempted requests go to the front of their priority. */
+  readonly waiting: Request[] = [];
+  /** Admission order; preemption takes from the back. */
+  readonly running: Request[] = [];
+  /** The live request each wire id names (undefined when free). */
+  readonly requestsByWireId: (Request | undefined)[] = [];
+  numPreemptions = 0;
+  /** Prompt tokens looked up in the prefix cache at first admission, and how many hit. */
+  numPrefixQueryTokens = 0;
+  numPrefixHitTokens = 0;
+
+  private readonly freeWireIds: number[] = [];
+  private nextWireId = 0;
+  private pendingRemoved: number[] = [];
+  /** Finished requests are dropped from waiting/running lazily, once per step. */
+  private hasFinishedInQueues = false;
+
+  constructor(
+    readonly config: SchedulerConfig,
+    readonly kv: KVCacheManager,
+  ) {
+    for (const key of ["maxNumSeqs", "maxNumBatchedTokens", "maxModelLen", "blockSize", "numBlocks"] as const) {
+      const value = config[key];
+      if (!Number.isInteger(value) || value < 1) throw new RangeError(`${key} must be a positive integer, got ${value}`);
+    }
+  }
+
+  get numWaiting(): number {
+    this.compact();
+    return this.waiting.length;
+  }
+
+  get numRunning(): number {
+    this.compact();
+    return this.running.length;
+  }
+
+  get hasUnfinished(): boolean {
+    return this.numWaiting + this.numRunning > 0;
+  }
+
+  /** Queues a new request behind every request of the same or better priority. */
+  addRequest(request: Request): void {
+    request.status = "waiting";
+    let at = this.waiting.length;
+    while (at > 0 && (this.waiting[at - 1] as Request).priority > request.priority) at--;
+    this.waiting.splice(at, 0, request);
+  }
+
+  schedule(): SchedulerOutput {
+    this.compact();
+    const out: SchedulerOutput = {
+      requests: [],
+      numNewTokens: [],
+      numComputedBefore: [],
+      sample: [],
+      added: [],
+      removedWireIds: this.pendingRemoved,
+      preempted: [],
+      numScheduledTokens: 0,
+    };
+    this.pendingRemoved = [];
+    let budget = this.config.maxNumBatchedTokens;
+
+    for (let i = 0; i < this.running.length && budget > 0; ) {
+      const request = this.running[i] as Request;
+      const numNew = Math.min(request.numTokens - request.numComputedTokens, budget);
+      if (numNew <= 0) {
+        i++;
+        continue;
+      }
+      let gotBlocks = true;
+      while (!this.kv.allocate(request, request.numComputedTokens + numNew)) {
+        const victimIndex = this.pickVictim();
+        const victim = this.running[victimIndex] as Request;
+        budget += this.unscheduleRow(out, victim);
+        this.running.splice(victimIndex, 1);
+        this.preempt(victim, out);
+        if (victimIndex < i) i--;
+        if (victim === request) {
+          gotBlocks = false;
+          break;
+        }
+      }
+      if (!gotBlocks) continue; // the request left running; i already names the next one
+      budget -= this.pushRow(out, request, numNew);
+      i++;
+    }
+
+    // No admissions in a step that had to preempt: blocks are short (vLLM does the same).
+    if (out.preempted.length === 0) this.admitWaiting(out, budget);
+
+    for (let i = 0; i < out.requests.length; i++) {
+      // Advanced now, not after the step, so the next step can be scheduled while this one runs.
+      (out.requests[i] as Request).numComputedTokens += out.numNewTokens[i] as number;
+      out.numScheduledTokens += out.numNewTokens[i] as number;
+    }
+    return out;
+  }
+
+  /** The step for `out` has executed: full blocks it computed may now serve prefix-cache hits. */
+  updateAfterStep(out: SchedulerOutput): void {
+    for (let i = 0; i < out.requests.length; i++) {
+      const request = out.requests[i] as Request;
+      if (request.status !== "running") continue;
+      this.kv.commitComputed(request, (out.numComputedBefore[i] as number) + (out.numNewTokens[i] as number));
+    }
+  }
+
+  /** Ends a request: drops it from the queues, frees its blocks, tells the worker next step. False if already finished. */
+  finishRequest(request: Request): boolean {
+    if (request.status === "finished") return false;
+    this.kv.free(request);
+    if (request.wireId !== NO_WIRE_ID) this.releaseWireId(request, this.pendingRemoved);
+    request.status = "finished";
+    this.hasFinishedInQueues = true;
+    return true;
+  }
+
+  /** Removals of a step that was not sent go out with the next one. */
+  deferRemoved(wireIds: readonly number[]): void {
+    this.pendingRemoved.push(...wireIds);
+  }
+
+  /**
+   * The worker was replaced and knows no request: every running request goes
+   * back to the waiting queue (in order, ahead of the rest) to be recomputed,
+   * and the prefix cache is forgotten. Not counted as preemption.
+   */
+  resetWorkerState(): void {
+    this.compact();
+    for (let i = this.running.length - 1; i >= 0; i--) {
+      const request = this.running[i] as Request;
+      this.requeue(request, this.pendingRemoved);
+    }
+    this.running.length = 0;
+    this.kv.resetPrefixCache();
+  }
+
+  // ------------------------------------------------------------ internals
+
+  private admitWaiting(out: SchedulerOutput, budget: number): void {
+    const blockSize = this.kv.blockSize;
+    while (this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
+      const request = this.waiting[0] as Request;
+      const cached = this.kv.findCachedPrefix(request);
+      const numCachedTokens = cached.length * blockSize;
+      const numNew = Math.min(request.numTokens - numCachedTokens, budget);
+      if (!this.kv.allocate(request, numCachedTokens + numNew, cached)) break;
+      this.waiting.shift();
+      if (request.numCachedTokens < 0) {
+        // First admission only: a resumed request's hits are its own earlier blocks.
+        request.numCachedTokens = numCachedTokens;
+        this.numPrefixQueryTokens += request.numPromptTokens;
+        this.numPrefixHitTokens += numCachedTokens;
+      }
+      request.numComputedTokens = numCachedTokens;
+      request.status = "running";
+      this.running.push(request);
+      budget -= this.pushRow(out, request, numNew);
+    }
+  }
+
+  private pushRow(out: SchedulerOutput, request: Request, numNew: number): number {
+    if (request.wireId === NO_WIRE_ID) {
+      this.assignWireId(request);
+      out.added.push(request);
+    }
+    out.requests.push(request);
+    out.numNewTokens.push(numNew);
+    out.numComputedBefore.push(request.numComputedTokens);
+    out.sample.push(request.numComputedTokens + numNew >= request.numTokens ? 1 : 0);
+    return numNew;
+  }
+
+  /** Takes a request's row out of this step (it is being preempted); returns the tokens it had. */
+  private unscheduleRow(out: SchedulerOutput, request: Request): number {
+    const row = out.requests.indexOf(request);
+    if (row < 0) return 0;
+    const numNew = out.numNewTokens[row] as number;
+    out.requests.splice(row, 1);
+    out.numNewTokens.splice(row, 1);
+    out.numComputedBefore.splice(row, 1);
+    out.sample.splice(row, 1);
+    const added = out.added.indexOf(request);
+    if (added >= 0) out.added.splice(added, 1);
+    return numNew;
+  }
+
+  /** Index in running of the request to preempt: highest priority value, then most recently admitted. */
+  private pickVictim(): number {
+    let victim = this.running.length - 1;
+    for (let i = victim - 1; i >= 0; i--) {
+      if ((this.running[i] as Request).priority > (this.running[victim] as Request).priority) victim = i;
+    }
+    return victim;
+  }
+
+  private preempt(request: Request, out: SchedulerOutput): void {
+    this.requeue(request, out.removedWireIds);
+    request.numPreemptions++;
+    this.numPreemptions++;
+    out.preempted.push(request);
+  }
+
+  /** Frees the request's blocks and progress and puts it at the front of its priority in waiting. */
+  private requeue(request: Request, removed: number[]): void {
+    this.kv.free(request);
+    if (request.wireId !== NO_WIRE_ID) this.releaseWireId(request, removed);
+    request.numComputedTokens = 0;
+    request.status = "waiting";
+    let at = 0;
+    while (at < this.waiting.length && (this.waiting[at] as Request).priority < request.priority) at++;
+    this.waiting.splice(at, 0, request);
+  }
+
+  private assignWireId(request: Request): void {
+    const id = this.freeWireIds.length > 0 ? (this.freeWireIds.pop() as number) : this.nextWireId++;
+    request.wireId = id;
+    this.requestsByWireId[id] = request;
+  }
+
+  /**
+   * The worker drops removed ids before adding requests, so an id may be
+   * reused by a request added in the very step that removes it.
+   */
+  private releaseWireId(request: Request, removed: number[]): void {
+    removed.push(request.wireId);
+    this.requestsByWireId[request.wireId] = undefined;
+    this.freeWireIds.push(request.wireId);
+    request.wireId = NO_WIRE_ID;
+  }
+
+  private compact(): void {
+    if (!this.hasFinishedInQueues) return;
+    this.hasFinishedInQueues = false;
+    compactInPlace(this.waiting);
+    compactInPlace(this.running);
+  }
+}
+
+function compactInPlace(requests: Request[]): void {
+  let kept = 0;
+  for (const request of requests) if (request.status !== "finished") requests[kept++] = request;
+  requests.length = kept;
+}

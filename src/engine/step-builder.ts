@@ -1,0 +1,63 @@
+// Turns a SchedulerOutput into the wire Step: only deltas cross the seam.
+// A request's tokens and sampling parameters go once, in `added`; its block
+// ids go once, when first assigned (Request.numSentBlocks tracks what the
+// worker has). Per-row arrays are views into one buffer: one allocation per
+// step, sized by rows and new blocks, never by total tokens.
+
+import type { AddedRequest, StepMessage } from "../transport/messages.js";
+import type { Request } from "./request.js";
+import type { SchedulerOutput } from "./scheduler.js";
+
+export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMessage {
+  const numRows = out.requests.length;
+  let numNewBlocks = 0;
+  for (const request of out.requests) numNewBlocks += request.blockIds.length - request.numSentBlocks;
+
+  const ints = new Int32Array(out.removedWireIds.length + 4 * numRows + numNewBlocks);
+  let at = 0;
+  const view = (length: number): Int32Array => ints.subarray(at, (at += length));
+  const removed = view(out.removedWireIds.length);
+  const reqIds = view(numRows);
+  const numNewTokens = view(numRows);
+  const numComputed = view(numRows);
+  const newBlockCounts = view(numRows);
+  const newBlockIds = view(numNewBlocks);
+  const sample = new Uint8Array(numRows);
+
+  for (let i = 0; i < out.removedWireIds.length; i++) removed[i] = out.removedWireIds[i] as number;
+  let blockAt = 0;
+  for (let i = 0; i < numRows; i++) {
+    const request = out.requests[i] as Request;
+    reqIds[i] = request.wireId;
+    numNewTokens[i] = out.numNewTokens[i] as number;
+    numComputed[i] = out.numComputedBefore[i] as number;
+    sample[i] = out.sample[i] as number;
+    const table = request.blockIds;
+    newBlockCounts[i] = table.length - request.numSentBlocks;
+    for (let b = request.numSentBlocks; b < table.length; b++) newBlockIds[blockAt++] = table[b] as number;
+    request.numSentBlocks = table.length;
+  }
+
+  return {
+    kind: "Step",
+    step_id: stepId,
+    added: out.added.map(addedRequest),
+    removed,
+    req_ids: reqIds,
+    num_new_tokens: numNewTokens,
+    num_computed: numComputed,
+    new_block_counts: newBlockCounts,
+    new_block_ids: newBlockIds,
+    sample,
+  };
+}
+
+/** Everything the worker keeps for a request; a resumed request brings its outputs so far. */
+function addedRequest(request: Request): AddedRequest {
+  return {
+    req_id: request.wireId,
+    token_ids: Int32Array.from(request.tokenIds),
+    num_prompt_tokens: request.numPromptTokens,
+    sampling: request.sampling,
+  };
+}

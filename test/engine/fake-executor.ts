@@ -1,0 +1,186 @@
+// An in-process StepExecutor for engine unit tests. It follows the Step
+// semantics of protocol/schema.json like the Python worker does (per-request
+// token lists and block tables, removed before added, rows validated) and
+// simulates the KV cache: each row's context positions must already hold the
+// right tokens before the step (so a wrong prefix-cache hit, a block reused
+// while still needed, or a stale block fails loudly), then the row writes its
+// own positions. The sampled token is (last input token + 1) % vocabSize,
+// which depends only on the request's tokens, so any schedule (chunked,
+// preempted, cached) must produce the same output as an unpressured run.
+
+import type { ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
+import type { EngineRequest, StepExecutor } from "../../src/engine/types.js";
+
+export interface FakeOptions {
+  numBlocks: number;
+  blockSize: number;
+  maxModelLen?: number;
+  vocabSize?: number;
+  /** Milliseconds each step takes (0: answers on a resolved promise). */
+  delayMs?: number;
+  /** Reject this step id (simulates a worker dying). */
+  failAtStep?: number;
+}
+
+interface FakeRequest {
+  tokens: number[];
+  blockTable: number[];
+}
+
+export class FakeExecutor implements StepExecutor {
+  readonly ready: ReadyMessage;
+  readonly steps: StepMessage[] = [];
+  readonly requests = new Map<number, FakeRequest>();
+  keepSteps = true;
+  failAtStep: number | null;
+  delayMs: number;
+  /** Called at the start of executeStep, e.g. to abort mid-step. */
+  onStep: ((step: StepMessage) => void) | null = null;
+  private readonly kv: Int32Array;
+  private lastStepId = -1;
+
+  constructor(private readonly options: FakeOptions) {
+    this.ready = {
+      kind: "Ready",
+      protocol_version: 1,
+      num_blocks: options.numBlocks,
+      block_size: options.blockSize,
+      max_model_len: options.maxModelLen ?? 4096,
+      vocab_size: options.vocabSize ?? 1000,
+      architecture: "Fake",
+      dtype: "float32",
+      device: "cpu",
+      worker_pid: 0,
+    };
+    this.kv = new Int32Array(options.numBlocks * options.blockSize).fill(-1);
+    this.failAtStep = options.failAtStep ?? null;
+    this.delayMs = options.delayMs ?? 0;
+  }
+
+  async executeStep(step: StepMessage): Promise<StepResultMessage> {
+    this.onStep?.(step);
+    if (this.keepSteps) this.steps.push(step);
+    if (this.delayMs > 0) await new Promise((resolve) => setTimeout(resolve, this.delayMs));
+    if (step.step_id === this.failAtStep) throw new Error("the model worker died (fake)");
+    return this.compute(step);
+  }
+
+  /** Executes a step at once (what executeStep does after its delay). */
+  compute(step: StepMessage): StepResultMessage {
+    const bs = this.options.blockSize;
+    const vocab = this.ready.vocab_size;
+    // Like the supervisor: ids only increase (a replacement worker sees the engine's ids go on).
+    if (step.step_id <= this.lastStepId) throw new Error(`step ${step.step_id} after ${this.lastStepId}`);
+    this.lastStepId = step.step_id;
+    for (const id of step.removed) this.requests.delete(id);
+    for (const added of step.added) {
+      if (this.requests.has(added.req_id)) throw new Error(`request ${added.req_id} is already running`);
+      if (added.num_prompt_tokens < 0 || added.num_prompt_tokens > added.token_ids.length) throw new Error("bad num_prompt_tokens");
+      this.requests.set(added.req_id, { tokens: Array.from(added.token_ids), blockTable: [] });
+    }
+    const n = step.req_ids.length;
+    for (const field of [step.num_new_tokens, step.num_computed, step.new_block_counts, step.sample]) {
+      if (field.length !== n) throw new Error("row arrays differ in length");
+    }
+    const rows: FakeRequest[] = [];
+    const seen = new Set<number>();
+    let blockAt = 0;
+    for (let i = 0; i < n; i++) {
+      const id = step.req_ids[i]!;
+      if (seen.has(id)) throw new Error(`request ${id} has two rows`);
+      seen.add(id);
+      const state = this.requests.get(id);
+      if (state === undefined) throw new Error(`unknown request ${id}`);
+      for (let c = 0; c < step.new_block_counts[i]!; c++) {
+        const block = step.new_block_ids[blockAt++]!;
+        if (block < 0 || block >= this.options.numBlocks) throw new Error(`block ${block} out of range`);
+        state.blockTable.push(block);
+      }
+      const start = step.num_computed[i]!;
+      const end = start + step.num_new_tokens[i]!;
+      if (step.num_new_tokens[i]! < 1) throw new Error(`row ${i} has no tokens`);
+      if (end > state.tokens.length) throw new Error(`row ${i} runs to ${end}, request has ${state.tokens.length} tokens`);
+      if (end > state.blockTable.length * bs) throw new Error(`row ${i} needs ${Math.ceil(end / bs)} blocks, has ${state.blockTable.length}`);
+      if (step.sample[i] === 1 && end !== state.tokens.length) throw new Error(`row ${i} samples before its last token`);
+      // The context must be in the cache before the step (prefix hits included).
+      for (let p = 0; p < start; p++) {
+        const slot = state.blockTable[Math.floor(p / bs)]! * bs + (p % bs);
+        if (this.kv[slot] !== state.tokens[p]) throw new Error(`request ${id}: KV at position ${p} holds ${this.kv[slot]}, expected ${state.tokens[p]}`);
+      }
+      rows.push(state);
+    }
+    if (blockAt !== step.new_block_ids.length) throw new Error("new_block_ids longer than new_block_counts say");
+    // Two live requests must never write the same slot in one step.
+    const written = new Set<number>();
+    const reqIds: number[] = [];
+    const tokenIds: number[] = [];
+    for (let i = 0; i < n; i++) {
+      const state = rows[i]!;
+      const start = step.num_computed[i]!;
+      const end = start + step.num_new_tokens[i]!;
+      for (let p = start; p < end; p++) {
+        const slot = state.blockTable[Math.floor(p / bs)]! * bs + (p % bs);
+        if (written.has(slot)) throw new Error(`slot ${slot} written twice in step ${step.step_id}`);
+        written.add(slot);
+        this.kv[slot] = state.tokens[p]!;
+      }
+      if (step.sample[i] === 1) {
+        const token = (state.tokens[end - 1]! + 1) % vocab;
+        state.tokens.push(token);
+        reqIds.push(step.req_ids[i]!);
+        tokenIds.push(token);
+      }
+    }
+    return {
+      kind: "StepResult",
+      step_id: step.step_id,
+      req_ids: Int32Array.from(reqIds),
+      token_ids: Int32Array.from(tokenIds),
+      logprobs: null,
+      top_counts: null,
+      top_ids: null,
+      top_logprobs: null,
+      timings: { prepare_ms: 0, forward_ms: 0, sample_ms: 0 },
+    };
+  }
+}
+
+export function greedy(overrides: Partial<SamplingParams> = {}): SamplingParams {
+  return {
+    temperature: 0,
+    top_p: 1,
+    top_k: 0,
+    min_p: 0,
+    seed: null,
+    presence_penalty: 0,
+    frequency_penalty: 0,
+    repetition_penalty: 1,
+    min_tokens: 0,
+    suppress_token_ids: new Int32Array(0),
+    logprobs: -1,
+    ...overrides,
+  };
+}
+
+let counter = 0;
+
+export function makeRequest(
+  promptIds: number[],
+  stop: Partial<EngineRequest["stop"]> = {},
+  extra: Partial<Omit<EngineRequest, "stop">> = {},
+): EngineRequest {
+  return {
+    id: `r${counter++}`,
+    promptIds,
+    sampling: greedy(),
+    stop: { maxTokens: 16, eosTokenIds: [], stopTokenIds: [], ignoreEos: false, minTokens: 0, ...stop },
+    priority: 0,
+    arrivalMs: performance.now(),
+    ...extra,
+  };
+}
+
+/** 0, 1, 2, ... n-1 shifted by `from`, modulo the vocabulary. */
+export function range(n: number, from = 0, vocab = 1000): number[] {
+  return Array.from({ length: n }, (_, i) => (from + i) % vocab);
+}

@@ -1,0 +1,173 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+import { BlockManager } from "../../src/engine/block-manager.js";
+import { NO_WIRE_ID, Request } from "../../src/engine/request.js";
+import { Scheduler, type SchedulerOutput } from "../../src/engine/scheduler.js";
+import { buildStepMessage } from "../../src/engine/step-builder.js";
+import type { SchedulerConfig } from "../../src/engine/types.js";
+import { makeRequest, range } from "./fake-executor.js";
+
+function setup(config: Partial<SchedulerConfig> = {}, prefix = false) {
+  const full: SchedulerConfig = { maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 1024, blockSize: 4, numBlocks: 32, ...config };
+  const kv = new BlockManager(full.numBlocks, full.blockSize, prefix);
+  return { scheduler: new Scheduler(full, kv), kv };
+}
+
+function add(scheduler: Scheduler, prompt: number[], priority = 0): Request {
+  const request = new Request(makeRequest(prompt, {}, { priority }), () => {});
+  scheduler.addRequest(request);
+  return request;
+}
+
+/** What the engine does after a step: sampled rows get a token, computed blocks are committed. */
+function finishStep(scheduler: Scheduler, out: SchedulerOutput): void {
+  scheduler.updateAfterStep(out);
+  out.requests.forEach((request, i) => {
+    if (out.sample[i] === 1) request.appendOutputToken(7);
+  });
+}
+
+function rows(out: SchedulerOutput): [string, number, number][] {
+  return out.requests.map((r, i) => [r.id, out.numComputedBefore[i]!, out.numNewTokens[i]!]);
+}
+
+describe("Scheduler", () => {
+  it("schedules decodes and continuing chunks before admitting waiting requests", () => {
+    const { scheduler } = setup({ maxNumBatchedTokens: 8 });
+    const a = add(scheduler, range(3));
+    const b = add(scheduler, range(10));
+    let out = scheduler.schedule();
+    // a's whole prompt (samples), then a chunk of b (does not sample).
+    assert.deepEqual(rows(out), [
+      [a.id, 0, 3],
+      [b.id, 0, 5],
+    ]);
+    assert.deepEqual(out.sample, [1, 0]);
+    finishStep(scheduler, out);
+    const c = add(scheduler, range(20));
+    out = scheduler.schedule();
+    assert.deepEqual(rows(out), [
+      [a.id, 3, 1],
+      [b.id, 5, 5],
+      [c.id, 0, 2],
+    ]);
+    assert.deepEqual(out.sample, [1, 1, 0]);
+    assert.deepEqual(out.added, [c]);
+  });
+
+  it("respects maxNumSeqs and admits in FCFS order within a priority, better priority first", () => {
+    const { scheduler } = setup({ maxNumSeqs: 2 });
+    const a = add(scheduler, range(3));
+    const b = add(scheduler, range(3));
+    const urgent = add(scheduler, range(3), -1);
+    const out = scheduler.schedule();
+    assert.deepEqual(out.requests, [urgent, a]);
+    assert.equal(scheduler.numWaiting, 1);
+    assert.equal(b.status, "waiting");
+  });
+
+  it("preempts the newest running request when blocks run out, and re-queues it at the front", () => {
+    // 4 blocks of 4: a and b each hold 2 blocks after their 8-token prompts.
+    const { scheduler, kv } = setup({ numBlocks: 4 });
+    const a = add(scheduler, range(8));
+    const b = add(scheduler, range(8, 100));
+    const c = add(scheduler, range(2, 200));
+    let out = scheduler.schedule();
+    assert.deepEqual(out.requests, [a, b]);
+    finishStep(scheduler, out);
+    const bWire = b.wireId;
+    // Both need a third block for position 8; only b can give blocks back.
+    out = scheduler.schedule();
+    assert.deepEqual(out.requests, [a]);
+    assert.deepEqual(out.preempted, [b]);
+    assert.deepEqual(out.removedWireIds, [bWire]);
+    assert.equal(b.numComputedTokens, 0);
+    assert.equal(b.wireId, NO_WIRE_ID);
+    assert.deepEqual(b.blockIds, []);
+    assert.deepEqual(scheduler.waiting, [b, c]);
+    assert.equal(scheduler.numPreemptions, 1);
+    kv.checkIntegrity();
+    // No admissions in a preempting step; b is re-added later with its output so far.
+    assert.deepEqual(out.added, []);
+    finishStep(scheduler, out);
+    scheduler.finishRequest(a);
+    out = scheduler.schedule();
+    assert.equal(out.requests[0], b);
+    assert.equal(out.added[0], b);
+    assert.equal(out.numNewTokens[0], 9);
+    const step = buildStepMessage(out, 5);
+    assert.equal(step.added[0]!.num_prompt_tokens, 8);
+    assert.deepEqual(Array.from(step.added[0]!.token_ids), [...range(8, 100), 7]);
+  });
+
+  it("under priorities, preempts the worst priority even if it was scheduled earlier in the step", () => {
+    const { scheduler, kv } = setup({ numBlocks: 4 });
+    const low = add(scheduler, range(8), 5);
+    const high = add(scheduler, range(8, 100), 0);
+    // Priority order admits high first, then low.
+    let out = scheduler.schedule();
+    assert.deepEqual(out.requests, [high, low]);
+    finishStep(scheduler, out);
+    out = scheduler.schedule();
+    assert.deepEqual(out.requests, [high]);
+    assert.deepEqual(out.preempted, [low]);
+    assert.equal(out.numScheduledTokens, 1);
+    kv.checkIntegrity();
+  });
+
+  it("a lone request that cannot grow preempts itself only when others hold the blocks", () => {
+    const { scheduler, kv } = setup({ numBlocks: 3, maxNumBatchedTokens: 64 });
+    const a = add(scheduler, range(4));
+    const b = add(scheduler, range(7, 50));
+    let out = scheduler.schedule();
+    finishStep(scheduler, out);
+    // a needs a 2nd block (position 4); b holds 2 of 3 blocks and is newer: b goes.
+    out = scheduler.schedule();
+    assert.deepEqual(out.preempted, [b]);
+    assert.deepEqual(out.requests, [a]);
+    assert.equal(a.blockIds.length, 2);
+    kv.checkIntegrity();
+  });
+
+  it("finished requests leave the queues and their wire ids are removed next step and reused", () => {
+    const { scheduler, kv } = setup();
+    const a = add(scheduler, range(3));
+    let out = scheduler.schedule();
+    finishStep(scheduler, out);
+    assert.equal(a.wireId, 0);
+    scheduler.finishRequest(a);
+    assert.equal(scheduler.finishRequest(a), false);
+    const b = add(scheduler, range(3));
+    out = scheduler.schedule();
+    assert.deepEqual(out.removedWireIds, [0]);
+    assert.equal(b.wireId, 0);
+    assert.equal(scheduler.numRunning, 1);
+    kv.checkIntegrity();
+  });
+});
+
+describe("step builder", () => {
+  it("sends tokens and blocks once, as deltas, in one buffer", () => {
+    const { scheduler } = setup({ maxNumBatchedTokens: 6 });
+    const a = add(scheduler, range(10));
+    let out = scheduler.schedule();
+    let step = buildStepMessage(out, 0);
+    assert.equal(step.added.length, 1);
+    assert.deepEqual(Array.from(step.added[0]!.token_ids), range(10));
+    assert.deepEqual(Array.from(step.new_block_counts), [2]);
+    assert.deepEqual(Array.from(step.new_block_ids), [0, 1]);
+    assert.equal(step.req_ids.buffer, step.new_block_ids.buffer);
+    finishStep(scheduler, out);
+    out = scheduler.schedule();
+    step = buildStepMessage(out, 1);
+    assert.deepEqual(step.added, []);
+    assert.deepEqual([step.num_computed[0], step.num_new_tokens[0], step.sample[0]], [6, 4, 1]);
+    assert.deepEqual(Array.from(step.new_block_ids), [2]);
+    finishStep(scheduler, out);
+    out = scheduler.schedule();
+    step = buildStepMessage(out, 2);
+    // Position 10 still fits block 2: nothing new to send.
+    assert.deepEqual(Array.from(step.new_block_counts), [0]);
+    assert.equal(a.numSentBlocks, 3);
+  });
+});
