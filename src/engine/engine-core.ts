@@ -201,6 +201,8 @@ export class EngineCore {
       checkResult(message, result);
     } catch (error) {
       this.inFlight = false;
+      // Should the worker still be alive, it never applied this step's removals: resend them.
+      this.scheduler.deferRemoved(out.removedWireIds);
       this.failAll(error);
       return;
     }

@@ -153,7 +153,6 @@ async function runScenario(config: Config, ops: Op[]): Promise<void> {
         assert.equal(tokens.at(-1), entry.eos);
       }
     }
-    if (process.env.DEBUG_PROPERTY) console.log("STATS", JSON.stringify({ p: stats.numPreemptions, hit: stats.numPrefixHitTokens, steps: stats.numSteps, reasons: submitted.map((e) => e.outputs.at(-1)?.finishReason) }));
     await engine.close();
 }
 
@@ -168,7 +167,11 @@ describe("EngineCore property", () => {
           throw error;
         }
       }),
-      { numRuns: 300, seed: Number(process.env.SEED ?? Date.now() % 1e9), path: process.env.FC_PATH, endOnFailure: true, verbose: 2 },
+      {
+        numRuns: Number(process.env.PROPERTY_RUNS ?? 300),
+        // Replay a failure: PROPERTY_SEED=<seed> PROPERTY_PATH=<path> (DEBUG_PROPERTY=1 prints the error).
+        ...(process.env.PROPERTY_SEED === undefined ? {} : { seed: Number(process.env.PROPERTY_SEED), path: process.env.PROPERTY_PATH, endOnFailure: true }),
+      },
     );
   });
 });
