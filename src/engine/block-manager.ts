@@ -77,6 +77,8 @@ export class BlockManager implements KVCacheManager {
   private readonly inFreeList: Uint8Array;
   private readonly sentinel: number;
   private freeCount = 0;
+  /** Free-list blocks that still hold a hash (the evictable cached ones). */
+  private cachedCount = 0;
 
   /** Requests holding blocks, for the integrity check. */
   private readonly holders = new Set<Request>();
@@ -190,13 +192,12 @@ export class BlockManager implements KVCacheManager {
   resetPrefixCache(): void {
     for (const block of this.cachedBlockByHash.values()) this.blockHash[block] = NO_HASH;
     this.cachedBlockByHash.clear();
+    this.cachedCount = 0;
     for (const request of this.holders) request.numCommittedBlocks = 0;
   }
 
   counts(): BlockCounts {
-    let cached = 0;
-    for (const block of this.cachedBlockByHash.values()) if (this.refCounts[block] === 0) cached++;
-    return { free: this.freeCount - cached, cached, inUse: this.numBlocks - this.freeCount };
+    return { free: this.freeCount - this.cachedCount, cached: this.cachedCount, inUse: this.numBlocks - this.freeCount };
   }
 
   checkIntegrity(): BlockCounts {
@@ -243,6 +244,7 @@ export class BlockManager implements KVCacheManager {
     for (const [hash, block] of this.cachedBlockByHash) {
       if (this.blockHash[block] !== hash) fail(`cache maps a hash to block ${block}, which has another`);
     }
+    if (cached !== this.cachedCount) fail(`${cached} cached blocks, count says ${this.cachedCount}`);
     if (free + cached + inUse !== this.numBlocks) fail(`free ${free} + cached ${cached} + in use ${inUse} != ${this.numBlocks}`);
     if (!this.enablePrefixCaching && cached !== 0) fail("cached blocks with prefix caching off");
     return { free, cached, inUse };
@@ -280,6 +282,7 @@ export class BlockManager implements KVCacheManager {
     this.prev[after] = block;
     this.inFreeList[block] = 1;
     this.freeCount++;
+    if (this.blockHash[block] !== NO_HASH) this.cachedCount++;
   }
 
   private popHead(): number {
@@ -297,5 +300,6 @@ export class BlockManager implements KVCacheManager {
     this.prev[after] = before;
     this.inFreeList[block] = 0;
     this.freeCount--;
+    if (this.blockHash[block] !== NO_HASH) this.cachedCount--;
   }
 }

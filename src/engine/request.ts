@@ -39,6 +39,12 @@ export class Request {
   /** Prompt tokens served from the prefix cache at first admission; -1 before admission. */
   numCachedTokens = -1;
   numPreemptions = 0;
+  /**
+   * Sampled rows scheduled for this request whose token has not come back yet
+   * (overlap scheduling: at most the step in flight plus the one being built).
+   * The worker already has these tokens, so the scheduler counts them as known.
+   */
+  numInFlightSamples = 0;
 
   constructor(req: EngineRequest, onOutput: OutputCallback) {
     this.id = req.id;
@@ -53,6 +59,11 @@ export class Request {
 
   get numTokens(): number {
     return this.tokenIds.length;
+  }
+
+  /** Tokens the worker has or will have when the steps in flight are done. */
+  get numTokensWithInFlight(): number {
+    return this.tokenIds.length + this.numInFlightSamples;
   }
 
   get numOutputTokens(): number {

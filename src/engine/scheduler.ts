@@ -9,6 +9,13 @@
 // recently admitted) running request is preempted by recomputation: it gives
 // its blocks back, forgets its progress and goes back to the front of the
 // waiting queue; the worker drops it and later gets it again as a new request.
+//
+// Overlap scheduling: a request's sampled tokens still in flight
+// (Request.numInFlightSamples) count as known, so its next decode row can be
+// scheduled before the token comes back (the worker feeds it from its own
+// token list). A request whose in-flight tokens already reach maxTokens or
+// the length limit gets no further row; a stop token is only seen one step
+// late, and the engine core drops the extra token.
 
 import type { KVCacheManager } from "./block-manager.js";
 import { NO_WIRE_ID, type Request } from "./request.js";
@@ -49,6 +56,8 @@ export class Scheduler {
   private pendingRemoved: number[] = [];
   /** Finished requests are dropped from waiting/running lazily, once per step. */
   private hasFinishedInQueues = false;
+  /** Longest a request may grow (prompt + output): the smaller of maxModelLen and the whole cache + 1. */
+  private readonly maxLen: number;
 
   constructor(
     readonly config: SchedulerConfig,
@@ -58,6 +67,7 @@ export class Scheduler {
       const value = config[key];
       if (!Number.isInteger(value) || value < 1) throw new RangeError(`${key} must be a positive integer, got ${value}`);
     }
+    this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
   }
 
   get numWaiting(): number {
@@ -99,7 +109,10 @@ export class Scheduler {
 
     for (let i = 0; i < this.running.length && budget > 0; ) {
       const request = this.running[i] as Request;
-      const numNew = Math.min(request.numTokens - request.numComputedTokens, budget);
+      const known = request.numTokensWithInFlight;
+      // Its in-flight token(s) end it on length: nothing more to compute.
+      const done = request.numInFlightSamples > 0 && (request.numOutputTokens + request.numInFlightSamples >= request.stop.maxTokens || known >= this.maxLen);
+      const numNew = done ? 0 : Math.min(known - request.numComputedTokens, budget);
       if (numNew <= 0) {
         i++;
         continue;
@@ -126,8 +139,10 @@ export class Scheduler {
     if (out.preempted.length === 0) this.admitWaiting(out, budget);
 
     for (let i = 0; i < out.requests.length; i++) {
+      const request = out.requests[i] as Request;
       // Advanced now, not after the step, so the next step can be scheduled while this one runs.
-      (out.requests[i] as Request).numComputedTokens += out.numNewTokens[i] as number;
+      request.numComputedTokens += out.numNewTokens[i] as number;
+      if (out.sample[i] === 1) request.numInFlightSamples++;
       out.numScheduledTokens += out.numNewTokens[i] as number;
     }
     return out;
@@ -204,7 +219,7 @@ export class Scheduler {
     out.requests.push(request);
     out.numNewTokens.push(numNew);
     out.numComputedBefore.push(request.numComputedTokens);
-    out.sample.push(request.numComputedTokens + numNew >= request.numTokens ? 1 : 0);
+    out.sample.push(request.numComputedTokens + numNew >= request.numTokensWithInFlight ? 1 : 0);
     return numNew;
   }
 

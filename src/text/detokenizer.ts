@@ -15,10 +15,20 @@
 // received tokens in one engine step are decoded with one decodeBatch call: the
 // engine calls its output callbacks synchronously per step, and the batch is
 // cut at the next microtask.
+//
+// Fast path: when the tokenizer offers a ByteLevelDecoder (plain byte-level
+// BPE, e.g. Qwen, Llama 3), the batch is decoded synchronously in JS with the
+// same offsets and the same hold-back rule, and the text is identical to the
+// native decode; a step whose new tokens are all whole characters costs one
+// string concatenation per request.
+
+import type { ByteLevelDecoder } from "./byte-level.js";
 
 /** What the detokenizer needs from a tokenizer. */
 export interface BatchDecoder {
   decodeBatch(batch: number[][], skipSpecialTokens: boolean): Promise<string[]>;
+  /** A synchronous decoder equal to decodeBatch's, when the tokenizer has one. */
+  readonly byteLevel?: ByteLevelDecoder | null;
 }
 
 /** Prompt tokens kept as decoding context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET). */
@@ -91,6 +101,39 @@ export class DetokenizerSession {
     return work;
   }
 
+  /** @internal The fast path: decodes this session's pending pushes synchronously and resolves them. */
+  completeSync(decoder: ByteLevelDecoder): void {
+    const pushes = this.pending;
+    this.pending = [];
+    let final = false;
+    for (let i = 0; i < pushes.length; i++) if ((pushes[i] as PendingPush).final) final = true;
+    const end = this.tokens.length;
+    let text = "";
+    if (end > this.readOffset) {
+      const skip = this.skipSpecialTokens;
+      // When every token in the window is a whole character sequence, the full text
+      // is the prefix text plus the new tokens' text: no need to decode the prefix.
+      let added = decoder.isWhole(this.tokens, this.prefixOffset, this.readOffset, skip) ? decoder.joinWhole(this.tokens, this.readOffset, end, skip) : null;
+      let prefixLength = 0;
+      if (added === null) {
+        const prefixText = decoder.decode(this.tokens, this.prefixOffset, this.readOffset, skip);
+        const fullText = decoder.decode(this.tokens, this.prefixOffset, end, skip);
+        prefixLength = prefixText.length;
+        added = fullText.length > prefixLength ? fullText.slice(prefixLength) : "";
+      }
+      if (added.length > 0 && (final || !added.endsWith(REPLACEMENT_CHAR))) {
+        text = added;
+        this.prefixOffset = this.readOffset;
+        this.readOffset = end;
+      } else if (final) {
+        this.readOffset = end;
+      }
+    }
+    const last = pushes.length - 1;
+    for (let i = 0; i < last; i++) (pushes[i] as PendingPush).resolve("");
+    if (last >= 0) (pushes[last] as PendingPush).resolve(text);
+  }
+
   /** @internal Called by the batcher with the decoded slices. */
   complete(work: Work, texts: readonly string[]): void {
     let text = "";
@@ -112,6 +155,14 @@ export class DetokenizerSession {
   }
 
   /** @internal */
+  failPending(error: Error): void {
+    this.finished = true;
+    const pushes = this.pending;
+    this.pending = [];
+    for (const push of pushes) push.reject(error);
+  }
+
+  /** @internal */
   fail(work: Work, error: Error): void {
     this.finished = true;
     for (const push of work.pushes) push.reject(error);
@@ -123,10 +174,15 @@ export class DetokenizerBatcher {
   private readonly queued = new Set<DetokenizerSession>();
   private running = false;
   private scheduled = false;
-  /** Number of decodeBatch calls made (for tests and metrics). */
+  /** Number of decodeBatch calls made, or synchronous batches on the fast path (for tests and metrics). */
   decodeCalls = 0;
+  /** Milliseconds spent decoding on the event loop (the fast path's batches, the native path's JS side). */
+  busyMs = 0;
+  private readonly fast: ByteLevelDecoder | null;
 
-  constructor(private readonly decoder: BatchDecoder) {}
+  constructor(private readonly decoder: BatchDecoder) {
+    this.fast = decoder.byteLevel ?? null;
+  }
 
   session(promptIds: readonly number[], skipSpecialTokens = true): DetokenizerSession {
     return new DetokenizerSession(this, promptIds, skipSpecialTokens);
@@ -148,7 +204,12 @@ export class DetokenizerBatcher {
   }
 
   private async run(): Promise<void> {
+    if (this.fast !== null) {
+      this.runSync(this.fast);
+      return;
+    }
     this.running = true;
+    const t0 = performance.now();
     const sessions = [...this.queued];
     this.queued.clear();
     // One batch per skip-special-tokens setting (the binding takes one flag per call).
@@ -161,6 +222,7 @@ export class DetokenizerBatcher {
       }
       group.works.push(session.takeWork(group.batch));
     }
+    this.busyMs += performance.now() - t0;
     try {
       await Promise.all(
         [...groups].map(async ([skip, { batch, works }]) => {
@@ -175,12 +237,29 @@ export class DetokenizerBatcher {
             for (const work of works) work.session.fail(work, err);
             return;
           }
+          const t1 = performance.now();
           for (const work of works) work.session.complete(work, texts);
+          this.busyMs += performance.now() - t1;
         }),
       );
     } finally {
       this.running = false;
       this.kick();
     }
+  }
+
+  private runSync(decoder: ByteLevelDecoder): void {
+    const t0 = performance.now();
+    this.decodeCalls++;
+    for (const session of this.queued) {
+      try {
+        session.completeSync(decoder);
+      } catch (error) {
+        // A bug in the fast path must reach the request, not the event loop.
+        session.failPending(error instanceof Error ? error : new Error(String(error)));
+      }
+    }
+    this.queued.clear();
+    this.busyMs += performance.now() - t0;
   }
 }

@@ -4,6 +4,7 @@
 // engine step instead of once per request.
 
 import { Tokenizer } from "tokenizers";
+import { ByteLevelDecoder } from "./byte-level.js";
 
 export interface TokenizerOptions {
   /** Prepend this id when encoding with special tokens if the post-processor did not (add_bos_token). */
@@ -18,6 +19,8 @@ export class TextTokenizer {
   private constructor(
     private readonly inner: Tokenizer,
     private readonly bosToPrepend: number | null,
+    /** A synchronous JS decoder equal to decode(), for plain byte-level BPE tokenizers (else null). */
+    readonly byteLevel: ByteLevelDecoder | null = null,
   ) {
     this.vocabSize = inner.getVocabSize(true);
   }
@@ -30,7 +33,13 @@ export class TextTokenizer {
       throw new Error(`cannot load tokenizer ${path}: ${(error as Error).message}`);
     }
     const bos = options.addBosToken === true && options.bosTokenId != null ? options.bosTokenId : null;
-    return new TextTokenizer(inner, bos);
+    let byteLevel: ByteLevelDecoder | null = null;
+    try {
+      byteLevel = ByteLevelDecoder.fromFile(path);
+    } catch {
+      // The native binding read it; anything unexpected here only costs the fast path.
+    }
+    return new TextTokenizer(inner, bos, byteLevel);
   }
 
   /**
