@@ -8,6 +8,8 @@ time, so peak memory stays near the size of the converted weights.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,11 +40,19 @@ def weight_files(model_dir: Path) -> dict[str, Path]:
 class WeightReader:
     """Reads named tensors, opening each file once."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        model_dir: Path,
+        dtype: torch.dtype,
+        device: torch.device,
+        progress: Callable[[int, int], None] | None = None,
+    ):
         self.files = weight_files(model_dir)
         self.dtype = dtype
         self.device = device
         self._open: dict[Path, object] = {}
+        self._progress = progress
+        self._loaded = 0
 
     def has(self, name: str) -> bool:
         return name in self.files
@@ -57,7 +67,28 @@ class WeightReader:
                 raise ConfigError(f"weight file {file} (listed in the index) does not exist")
             handle = safe_open(str(file), framework="pt")
             self._open[file] = handle
-        return handle.get_tensor(name).to(device=self.device, dtype=self.dtype).contiguous()
+        tensor = handle.get_tensor(name).to(device=self.device, dtype=self.dtype).contiguous()
+        if self._progress is not None:
+            self._loaded += 1
+            # Some stored tensors are never read (a tied lm_head), so the end is reported by close().
+            self._progress(min(self._loaded, len(self.files) - 1), len(self.files))
+        return tensor
 
     def close(self) -> None:
         self._open.clear()
+        if self._progress is not None:
+            self._progress(len(self.files), len(self.files))
+
+
+def stderr_progress() -> Callable[[int, int], None]:
+    """Prints "BATON_PROGRESS <done> <total>" to stderr whenever the percentage changes."""
+    last = -1
+
+    def report(done: int, total: int) -> None:
+        nonlocal last
+        percent = done * 100 // max(total, 1)
+        if percent != last:
+            last = percent
+            print(f"BATON_PROGRESS {done} {total}", file=sys.stderr, flush=True)
+
+    return report

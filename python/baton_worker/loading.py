@@ -20,7 +20,7 @@ import torch
 
 from .config import ConfigError, ModelConfig, load_model_config
 from .kv_cache import KVCache, bytes_per_block
-from .loader import WeightReader
+from .loader import WeightReader, stderr_progress
 from .model import DecoderModel
 from .options import WorkerOptions
 from .protocol import PROTOCOL_VERSION, Ready
@@ -101,7 +101,7 @@ def load_worker(opts: WorkerOptions) -> LoadedWorker:
     torch.manual_seed(opts.seed)
     model, cache = None, None
     if not dummy:
-        reader = WeightReader(model_dir, dtype, device)
+        reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None)
         model = DecoderModel(config, reader)
         reader.close()
     num_blocks = _num_blocks(opts, config, dtype, device)

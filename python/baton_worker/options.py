@@ -4,6 +4,11 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     --block-size N [--num-blocks N] [--kv-cache-memory-bytes B]
     [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
+    [--progress]
+
+--progress prints weight-loading progress to stderr as lines
+"BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
+progress bar.
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -36,6 +41,7 @@ class WorkerOptions:
     device: str = "auto"
     seed: int = 0
     load_format: str = "auto"
+    progress: bool = False
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--load-format", default="auto")
+    p.add_argument("--progress", action="store_true")
     return p
 
 

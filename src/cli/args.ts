@@ -3,6 +3,10 @@
 
 import { parseArgs } from "node:util";
 import type { Device, Dtype, LoadFormat } from "../worker/types.js";
+import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
+
+export type SchedulingPolicy = "fcfs" | "priority";
+const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
 
 /** A command-line mistake: printed with a hint and exit code 2. */
 export class UsageError extends Error {
@@ -29,6 +33,17 @@ export interface ServeOptions {
   seed: number;
   loadFormat: LoadFormat;
   enablePrefixCaching: boolean;
+  /** Overlap scheduling: the engine builds step N+1 while the worker runs N (--no-async-scheduling turns it off). */
+  asyncScheduling: boolean;
+  /** fcfs: arrival order (a request's non-zero priority is refused); priority: lower `priority` first. */
+  schedulingPolicy: SchedulingPolicy;
+  /** Bearer key for every route but /health (--api-key, else BATON_API_KEY); null: no auth. */
+  apiKey: string | null;
+  logLevel: LogLevel;
+  /** New generation requests get 429 while this many wait. */
+  maxNumQueuedRequests: number;
+  /** Larger request bodies get 413. */
+  maxRequestBodyBytes: number;
 }
 
 export const SERVE_DEFAULTS = {
@@ -41,6 +56,8 @@ export const SERVE_DEFAULTS = {
   device: "auto",
   seed: 0,
   loadFormat: "auto",
+  logLevel: "info",
+  maxNumQueuedRequests: 4096,
 } as const;
 
 const SERVE_FLAGS = {
@@ -60,6 +77,13 @@ const SERVE_FLAGS = {
   "enable-prefix-caching": { type: "boolean" },
   // parseArgs in Node 20 has no automatic --no-* negation.
   "no-enable-prefix-caching": { type: "boolean" },
+  "async-scheduling": { type: "boolean" },
+  "no-async-scheduling": { type: "boolean" },
+  "scheduling-policy": { type: "string" },
+  "api-key": { type: "string" },
+  "log-level": { type: "string" },
+  "max-num-queued-requests": { type: "string" },
+  "max-request-body-bytes": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -124,7 +148,7 @@ export interface ParsedServe {
   options: ServeOptions;
 }
 
-export function parseServeArgs(args: readonly string[]): ParsedServe {
+export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv = process.env): ParsedServe {
   let parsed;
   try {
     parsed = parseArgs({ args: normalizeFlagNames(args), options: SERVE_FLAGS, allowPositionals: true, strict: true });
@@ -141,10 +165,15 @@ export function parseServeArgs(args: readonly string[]): ParsedServe {
   if (values["enable-prefix-caching"] && values["no-enable-prefix-caching"]) {
     throw new UsageError("--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   }
+  if (values["async-scheduling"] && values["no-async-scheduling"]) {
+    throw new UsageError("--async-scheduling and --no-async-scheduling contradict each other");
+  }
   const servedModelName = values["served-model-name"];
   if (servedModelName !== undefined && servedModelName.trim() === "") throw new UsageError("--served-model-name must not be empty");
   const port = intFlag(values.port, "port", 0, SERVE_DEFAULTS.port);
   if (port > 65535) throw new UsageError(`invalid value '${values.port}' for --port: must be at most 65535`);
+  const apiKey = values["api-key"] ?? env.BATON_API_KEY ?? null;
+  if (apiKey !== null && apiKey.trim() === "") throw new UsageError("--api-key (or BATON_API_KEY) must not be empty");
   const seed = values.seed === undefined ? SERVE_DEFAULTS.seed : Number(values.seed);
   if (!Number.isSafeInteger(seed)) throw new UsageError(`invalid value '${values.seed}' for --seed: expected an integer`);
   return {
@@ -165,6 +194,12 @@ export function parseServeArgs(args: readonly string[]): ParsedServe {
       seed,
       loadFormat: choice(values["load-format"], "load-format", LOAD_FORMATS, SERVE_DEFAULTS.loadFormat),
       enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
+      asyncScheduling: values["no-async-scheduling"] !== true,
+      schedulingPolicy: choice(values["scheduling-policy"], "scheduling-policy", SCHEDULING_POLICIES, "fcfs"),
+      apiKey,
+      logLevel: choice(values["log-level"], "log-level", LOG_LEVELS, SERVE_DEFAULTS.logLevel),
+      maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
+      maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
     },
   };
 }
@@ -174,6 +209,7 @@ export const MAIN_HELP = `Usage: baton <command> [options]
 Commands:
   serve [model-dir]   serve a Hugging Face model directory with an OpenAI-compatible API
                       (no directory: the bundled demo model in models/demo)
+  bench overhead      measure the control plane's per-step cost (baton bench --help)
 
 Options:
   -h, --help          show this help (baton serve --help lists the serve flags)
@@ -201,9 +237,16 @@ Options (vLLM's names; --flag value or --flag=value):
   --seed N                         seed of the worker's global sampler (default ${SERVE_DEFAULTS.seed})
   --load-format auto|dummy-null    dummy-null: skip loading weights (for tests and benchmarks)
   --no-enable-prefix-caching       turn prefix caching off
+  --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
+  --scheduling-policy fcfs|priority   priority: requests with a lower \`priority\` field run first (default fcfs)
+  --max-num-queued-requests N      new requests get 429 while N wait (default ${SERVE_DEFAULTS.maxNumQueuedRequests})
+  --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)
+  --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
+  --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help
 
 Environment:
   BATON_PYTHON                     the Python interpreter for the model worker
                                    (default: .venv/bin/python in the repository)
+  BATON_API_KEY                    the API key when --api-key is not given
 `;

@@ -43,6 +43,22 @@ export async function main(argv: readonly string[]): Promise<number> {
     process.stdout.write(`baton ${version(root)}\n`);
     return 0;
   }
+  if (command === "bench") {
+    // Loaded only for bench: it pulls in the server, the engine and the worker supervisor.
+    const { parseBenchArgs, runBench, BENCH_HELP } = await import("./bench.js");
+    let args;
+    try {
+      args = parseBenchArgs(rest);
+    } catch (error) {
+      if (error instanceof UsageError) return usageError(error.message, "baton bench --help");
+      throw error;
+    }
+    if (args.help) {
+      process.stdout.write(BENCH_HELP);
+      return 0;
+    }
+    return runBench(args, root);
+  }
   if (command !== "serve") return usageError(`unknown command '${command}'`, "baton --help");
 
   let parsed;

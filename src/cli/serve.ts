@@ -15,6 +15,9 @@ import { TextTokenizer } from "../text/tokenizer.js";
 import { shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
 import { WorkerStartError, type WorkerClient } from "../worker/types.js";
 import type { ServeOptions } from "./args.js";
+import { createLogger, type Logger } from "../observability/logger.js";
+import { BatonMetrics } from "../observability/metrics.js";
+import { ProgressBar } from "../observability/progress.js";
 
 export const DEMO_MODEL_NAME = "baton-demo";
 /** How long shutdown waits for open connections before moving on. */
@@ -28,8 +31,12 @@ export class ServeError extends Error {
   }
 }
 
-function log(line: string): void {
-  process.stderr.write(`baton: ${line}\n`);
+/** The process's one structured logger (JSON lines on stderr); set by serve(). */
+let logger: Logger | null = null;
+
+function log(line: string, level: "info" | "warn" | "error" = "info"): void {
+  if (logger === null) process.stderr.write(`baton: ${line}\n`);
+  else logger[level](line);
 }
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
@@ -60,7 +67,7 @@ function loadChatTemplate(info: ModelDirInfo): ChatTemplate | null {
   } catch (error) {
     // Completions still work; chat answers 400 naming the problem.
     if (error instanceof ChatTemplateError) {
-      log(`warning: ${error.message}; /v1/chat/completions is disabled`);
+      log(`${error.message}; /v1/chat/completions is disabled`, "warn");
       return null;
     }
     throw error;
@@ -83,6 +90,7 @@ function urlHost(host: string): string {
  * (0 after a signal); throws ServeError/ModelDirError when it cannot start.
  */
 export async function serve(options: ServeOptions, repoRoot: string): Promise<number> {
+  logger = createLogger(options.logLevel);
   let info: ModelDirInfo;
   let name: string;
   try {
@@ -139,6 +147,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       device: options.device,
       seed: options.seed,
       loadFormat: options.loadFormat,
+      // A progress bar for weight loading, only where a person watches.
+      onLoadProgress: process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr).update : undefined,
     });
   } catch (error) {
     if (stopping) return exited;
@@ -161,6 +171,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       blockSize: ready.block_size,
       numBlocks: ready.num_blocks,
       enablePrefixCaching: options.enablePrefixCaching,
+      asyncScheduling: options.asyncScheduling,
     });
   } catch (error) {
     await worker.shutdown().catch(() => {});
@@ -175,14 +186,22 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     maxModelLen: ready.max_model_len,
     eosTokenIds: eosIds(info, tokenizer),
     vocabSize: ready.vocab_size,
-    onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`),
+    onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`, "error"),
+    apiKey: options.apiKey,
+    metrics: new BatonMetrics({ modelName: name, engine }),
+    logger,
+    maxNumQueuedRequests: options.maxNumQueuedRequests,
+    bodyLimitBytes: options.maxRequestBodyBytes,
+    schedulingPolicy: options.schedulingPolicy,
+    numWaiting: () => liveEngine.stats.numWaiting,
   });
   const liveServer = server;
+  const liveEngine = engine;
   worker.onDeath((exit) => {
     if (stopping) return;
     // Restarting comes later; until then the server stays up and says why it cannot serve.
     const reason = `the model worker died (${exit.signal ?? `exit code ${exit.code}`}): ${exit.message}`;
-    log(reason);
+    log(reason, "error");
     liveServer.setUnavailable(reason);
     liveServer.failInFlight(serviceUnavailable(reason));
   });
@@ -200,5 +219,22 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     `Baton serving ${name} (${ready.architecture}, ${ready.dtype}, ${ready.device}, ${ready.num_blocks} KV blocks, ` +
       `max_model_len ${ready.max_model_len}) on http://${urlHost(options.host)}:${address.port}\n`,
   );
+  process.stdout.write(servedBanner(options));
+  logger.info(
+    { url: `http://${urlHost(options.host)}:${address.port}`, model: name, auth: options.apiKey !== null, max_num_queued_requests: options.maxNumQueuedRequests },
+    "ready",
+  );
   return exited;
+}
+
+/** What is served where, printed under the start-up line. */
+function servedBanner(options: ServeOptions): string {
+  return [
+    "  API:     POST /v1/completions, POST /v1/chat/completions, GET /v1/models",
+    "  health:  GET /health (no key needed)",
+    "  metrics: GET /metrics (Prometheus, vLLM names)",
+    `  auth:    ${options.apiKey === null ? "off (no --api-key)" : "on (Authorization: Bearer <key>)"}`,
+    `  queue:   429 beyond ${options.maxNumQueuedRequests} waiting requests`,
+    "",
+  ].join("\n");
 }

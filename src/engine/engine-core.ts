@@ -12,9 +12,9 @@
 // - A request can grow up to min(maxModelLen, numBlocks * blockSize + 1)
 //   tokens, then finishes with "length": a request alone in the cache can
 //   always finish, so preemption cannot livelock.
-// - abort() of a request in the step being executed applies after the step
-//   (its sampled token is dropped); the request's callback gets one final
-//   output with finishReason "abort". Unknown or finished ids are ignored.
+// - abort() while a step is in flight applies after that step's result is
+//   processed (its sampled token is dropped); the request's callback gets one
+//   final output with finishReason "abort". Unknown or finished ids are ignored.
 // - If executeStep rejects (worker died) or answers out of sync, every live
 //   request ends with finishReason "error" and the error message, all blocks
 //   are freed and the prefix cache is forgotten. The engine stays usable:
@@ -23,10 +23,27 @@
 // - close() stops admissions, ends live requests with "abort" (after the step
 //   in flight) and resolves when the loop is idle. It does not stop the worker.
 //
-// Overlap scheduling (step N+1 built while N runs) is not done yet; the
-// pieces are in place: the scheduler advances numComputedTokens at schedule
-// time, the worker feeds its own sampled tokens, and prefix-cache commits
-// and aborts wait for the step that executed.
+// Overlap ("async") scheduling, on by default (asyncScheduling: false turns
+// it off): up to two steps are outstanding at the worker. The loop sends step
+// N, builds and sends N+1 at once, then awaits N; after processing N's result
+// it sends N+2 and awaits N+1, and so on, so the worker never waits for the
+// control plane. At most one step is in flight while the scheduler runs.
+// - The scheduler advances numComputedTokens at schedule time and counts a
+//   sampled row's token as known (Request.numInFlightSamples) before it comes
+//   back; the worker appends it to its own token list at step N and reads it
+//   as N+1's input (steps execute strictly in order).
+// - Stop checks lag one step: a request that stops at N may have a row in
+//   N+1; that token is dropped and never emitted, and the request ends once.
+//   Length limits are seen at schedule time (no row past maxTokens).
+// - Blocks are freed (finish, abort, preemption) when the engine processes a
+//   result, possibly while the next step still holds a row of the request.
+//   That is safe because a freed block can only be handed out in a step sent
+//   later, which the worker runs after the in-flight one; prefix-cache
+//   commits happen only for steps whose result came back, and never cover
+//   the position an in-flight row writes.
+// - A preempted request whose sampled token is still in flight keeps it (the
+//   token is valid) and is not re-admitted before it arrives.
+// Outputs are the same with and without overlap; only the timing differs.
 
 import { setImmediate as yieldToEventLoop } from "node:timers/promises";
 import type { StepMessage, StepResultMessage } from "../transport/messages.js";
@@ -39,6 +56,8 @@ import { checkStop, type StopResult } from "./stop-checker.js";
 import type { EngineRequest, OutputCallback, RequestOutput, SchedulerConfig, StepExecutor, TokenLogprob } from "./types.js";
 
 export interface EngineConfig extends SchedulerConfig {
+  /** Overlap scheduling: build and send step N+1 while the worker runs N (default on). */
+  asyncScheduling?: boolean;
   /** Block-granular prefix caching (default on). */
   enablePrefixCaching?: boolean;
   /** Steps kept in the timing ring buffer (default 1024). */
@@ -63,6 +82,18 @@ export interface EngineStats {
   numCallbackErrors: number;
 }
 
+/** A step sent to the worker whose result has not been processed yet. */
+interface InFlightStep {
+  out: SchedulerOutput;
+  message: StepMessage;
+  result: Promise<StepResultMessage>;
+  scheduleMs: number;
+  buildMs: number;
+  sentAt: number;
+}
+
+const PENDING: Promise<StepResultMessage> = new Promise(() => {});
+
 /** submit() refused a request; the message says why. */
 export class RequestRejectedError extends Error {
   constructor(message: string) {
@@ -86,7 +117,10 @@ export class EngineCore {
   private numCallbackErrors = 0;
   private looping = false;
   private loopDone: Promise<void> = Promise.resolve();
-  private inFlight = false;
+  /** Steps sent and not yet processed, oldest first. */
+  private readonly inFlight: InFlightStep[] = [];
+  /** Most steps outstanding at once: 2 with overlap scheduling, else 1. */
+  private readonly maxInFlight: number;
   private pendingAborts: string[] = [];
   private closed = false;
 
@@ -97,6 +131,7 @@ export class EngineCore {
     this.scheduler = new Scheduler(config, this.blockManager);
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
     this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
+    this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
     this.checkExecutor(executor);
   }
 
@@ -128,7 +163,7 @@ export class EngineCore {
 
   abort(requestId: string): void {
     if (!this.requests.has(requestId)) return;
-    if (this.inFlight) this.pendingAborts.push(requestId);
+    if (this.inFlight.length > 0) this.pendingAborts.push(requestId);
     else this.finishAborted(requestId, null);
   }
 
@@ -139,7 +174,7 @@ export class EngineCore {
   replaceExecutor(executor: StepExecutor): void {
     this.checkExecutor(executor);
     this.nextExecutor = executor;
-    if (!this.inFlight) this.swapExecutor();
+    if (this.inFlight.length === 0) this.swapExecutor();
     this.wake();
   }
 
@@ -147,7 +182,7 @@ export class EngineCore {
   async close(): Promise<void> {
     this.closed = true;
     for (const id of [...this.requests.keys()]) {
-      if (this.inFlight) this.pendingAborts.push(id);
+      if (this.inFlight.length > 0) this.pendingAborts.push(id);
       else this.finishAborted(id, "the engine is shutting down");
     }
     await this.loopDone;
@@ -169,62 +204,101 @@ export class EngineCore {
   private async runLoop(): Promise<void> {
     try {
       for (;;) {
-        if (this.nextExecutor !== null) this.swapExecutor();
-        // Decided synchronously with the exit, so a submit can never fall between them.
-        if (!this.scheduler.hasUnfinished) break;
-        await this.step();
+        if (this.nextExecutor !== null && this.inFlight.length === 0) this.swapExecutor();
+        // Keep the worker fed: with overlap, step N+1 goes out before N's result is awaited.
+        // (A new executor waits until nothing is in flight on the old one.)
+        while (this.inFlight.length < this.maxInFlight && this.nextExecutor === null && this.scheduler.hasUnfinished) {
+          if (!this.launch()) break;
+        }
+        const head = this.inFlight[0];
+        if (head === undefined) {
+          // Decided synchronously with the exit, so a submit can never fall between them.
+          if (!this.scheduler.hasUnfinished) break;
+          continue;
+        }
+        await this.complete(head);
         // Let I/O (new requests, aborts) in between steps even when the executor answers at once.
         await yieldToEventLoop();
       }
     } catch (error) {
       // A bug in the engine itself: end every request rather than leave clients hanging.
       this.failAll(error);
+      await this.drainInFlight();
     } finally {
       this.looping = false;
     }
   }
 
-  private async step(): Promise<void> {
+  /** Schedules, builds and sends one step; false when nothing could be scheduled. */
+  private launch(): boolean {
     const t0 = performance.now();
     const out = this.scheduler.schedule();
     const t1 = performance.now();
     if (out.requests.length === 0) {
-      this.failUnschedulable(out);
-      return;
+      // With a step in flight this is normal (every running request waits for a token that ends it).
+      if (this.inFlight.length > 0) this.scheduler.deferRemoved(out.removedWireIds);
+      else this.failUnschedulable(out);
+      return false;
     }
     const message = buildStepMessage(out, this.nextStepId++);
     const t2 = performance.now();
-    let result: StepResultMessage;
-    this.inFlight = true;
+    // In flight from here on: an abort coming in while the executor takes the step waits for its result.
+    const step: InFlightStep = { out, message, result: PENDING, scheduleMs: t1 - t0, buildMs: t2 - t1, sentAt: t2 };
+    this.inFlight.push(step);
     try {
-      result = await this.executor.executeStep(message);
-      checkResult(message, result);
+      step.result = this.executor.executeStep(message);
     } catch (error) {
-      this.inFlight = false;
+      step.result = Promise.reject(error);
+    }
+    // Awaited in order later; a rejection must not count as unhandled meanwhile.
+    step.result.catch(() => {});
+    return true;
+  }
+
+  /** Awaits the oldest step in flight and applies its result. */
+  private async complete(step: InFlightStep): Promise<void> {
+    let result: StepResultMessage;
+    try {
+      result = await step.result;
+      checkResult(step.message, result);
+    } catch (error) {
+      this.inFlight.shift();
       // Should the worker still be alive, it never applied this step's removals: resend them.
-      this.scheduler.deferRemoved(out.removedWireIds);
+      this.scheduler.deferRemoved(step.out.removedWireIds);
       this.failAll(error);
+      await this.drainInFlight();
       return;
     }
-    this.inFlight = false;
+    this.inFlight.shift();
     const t3 = performance.now();
-    this.scheduler.updateAfterStep(out);
+    this.scheduler.updateAfterStep(step.out);
     this.applyPendingAborts();
-    this.processResult(out, message, result);
+    this.processResult(step.out, step.message, result);
     const t4 = performance.now();
     this.numSteps++;
     this.timings.record({
-      stepId: message.step_id,
-      numRows: out.requests.length,
-      numTokens: out.numScheduledTokens,
-      scheduleMs: t1 - t0,
-      buildMs: t2 - t1,
-      roundTripMs: t3 - t2,
+      stepId: step.message.step_id,
+      numRows: step.out.requests.length,
+      numTokens: step.out.numScheduledTokens,
+      scheduleMs: step.scheduleMs,
+      buildMs: step.buildMs,
+      roundTripMs: t3 - step.sentAt,
       processMs: t4 - t3,
       workerPrepareMs: result.timings.prepare_ms,
       workerForwardMs: result.timings.forward_ms,
       workerSampleMs: result.timings.sample_ms,
     });
+  }
+
+  /** After a failure: the other steps in flight went to a failed worker; wait them out, ignore their results. */
+  private async drainInFlight(): Promise<void> {
+    while (this.inFlight.length > 0) {
+      const step = this.inFlight.shift() as InFlightStep;
+      await step.result.catch(() => undefined);
+      this.scheduler.deferRemoved(step.out.removedWireIds);
+    }
+    // Aborts that came in meanwhile name requests failAll already ended (or new ones).
+    this.applyPendingAborts();
   }
 
   /** Appends each sampled token, checks stops, frees finished requests, emits outputs. */
@@ -238,8 +312,9 @@ export class EngineCore {
       const logprob = request.sampling.logprobs >= 0 ? tokenLogprob(result, k, token, topAt) : null;
       if (result.top_counts !== null) topAt += result.top_counts[k] as number;
       k++;
-      // Aborted while the step ran: the token is dropped.
-      if (request.status !== "running") continue;
+      // Aborted while the step ran, or stopped one step earlier (overlap): the token is dropped.
+      // A request preempted after this step was sent keeps its token (the worker computed it validly).
+      if (request.status === "finished") continue;
       request.appendOutputToken(token);
       const stop = checkStop(request, this.maxLen);
       if (stop !== null) this.finish(request);

@@ -152,6 +152,8 @@ export class Scheduler {
   updateAfterStep(out: SchedulerOutput): void {
     for (let i = 0; i < out.requests.length; i++) {
       const request = out.requests[i] as Request;
+      // Its sampled token is back (the engine appends or drops it next).
+      if (out.sample[i] === 1) request.numInFlightSamples--;
       if (request.status !== "running") continue;
       this.kv.commitComputed(request, (out.numComputedBefore[i] as number) + (out.numNewTokens[i] as number));
     }
@@ -193,6 +195,8 @@ export class Scheduler {
     const blockSize = this.kv.blockSize;
     while (this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
       const request = this.waiting[0] as Request;
+      // Preempted with a sampled token still in flight: wait for it (its tokens must be complete when re-added).
+      if (request.numInFlightSamples > 0) break;
       const cached = this.kv.findCachedPrefix(request);
       const numCachedTokens = cached.length * blockSize;
       const numNew = Math.min(request.numTokens - numCachedTokens, budget);

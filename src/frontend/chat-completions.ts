@@ -1,16 +1,17 @@
 // POST /v1/chat/completions: messages rendered with the model's chat template,
 // answered as one chat.completion or as chat.completion.chunk events (a role
-// chunk first, then content deltas, the finish reason on the last one).
+// chunk per choice first, then content deltas, the finish reason on the last).
 
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ChatTemplateError, noChatTemplateError } from "../text/chat-template.js";
+import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
+import { clampLogprob } from "./completions.js";
 import type { FrontendContext } from "./context.js";
-import type { OpenAIFinishReason } from "./generation.js";
+import type { OpenAIFinishReason, ResolvedLogprob } from "./generation.js";
 import { badRequest } from "./openai-error.js";
-import { parseChatRequest, type ChatRequest } from "./request-validation.js";
+import { parseChatRequest } from "./request-validation.js";
 import {
-  buildEngineRequest,
+  buildChoices,
   checkAvailable,
   checkModel,
   collectGeneration,
@@ -20,15 +21,55 @@ import {
   type StreamFormat,
   type Usage,
 } from "./run-generation.js";
+import { utf8Bytes } from "./token-strings.js";
 
-function renderPrompt(ctx: FrontendContext, req: ChatRequest): string {
+export interface ChatRenderRequest {
+  messages: TemplateMessage[];
+  addGenerationPrompt: boolean;
+  continueFinalMessage: boolean;
+  chatTemplateKwargs: Record<string, unknown>;
+}
+
+/**
+ * The prompt text. continue_final_message renders the conversation without a
+ * generation prompt and cuts it right after the last message's content, so
+ * the model continues that message (transformers' continue_final_message).
+ */
+export function renderChatPrompt(ctx: FrontendContext, req: ChatRenderRequest): string {
   try {
     if (ctx.chatTemplate === null) throw noChatTemplateError(ctx.servedModelName);
-    return ctx.chatTemplate.render(req.messages, { addGenerationPrompt: req.addGenerationPrompt, extra: req.chatTemplateKwargs });
+    const rendered = ctx.chatTemplate.render(req.messages, { addGenerationPrompt: req.addGenerationPrompt, extra: req.chatTemplateKwargs });
+    if (!req.continueFinalMessage) return rendered;
+    const final = req.messages[req.messages.length - 1]?.content ?? "";
+    const stripped = final.trim();
+    if (stripped === "") return rendered;
+    const at = rendered.lastIndexOf(stripped);
+    if (at < 0) throw badRequest("continue_final_message: the final message's content does not appear in the rendered chat", "messages");
+    const leftStripped = final.trimStart();
+    const keep = rendered.slice(at, at + leftStripped.length) === leftStripped ? leftStripped.length : stripped.length;
+    return rendered.slice(0, at + keep);
   } catch (error) {
     if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
     throw error;
   }
+}
+
+interface ChatLogprobEntry {
+  token: string;
+  logprob: number;
+  bytes: number[];
+  top_logprobs: { token: string; logprob: number; bytes: number[] }[];
+}
+
+function chatLogprobs(entries: readonly ResolvedLogprob[]): { content: ChatLogprobEntry[] } {
+  return {
+    content: entries.map((e) => ({
+      token: e.token,
+      logprob: clampLogprob(e.logprob),
+      bytes: utf8Bytes(e.token),
+      top_logprobs: e.top.map((t) => ({ token: t.token, logprob: clampLogprob(t.logprob), bytes: utf8Bytes(t.token) })),
+    })),
+  };
 }
 
 export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
@@ -37,10 +78,10 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   // The template writes special tokens (BOS included) as text; adding them again would double them.
-  const promptIds = await ctx.tokenizer.encode(renderPrompt(ctx, req), false);
+  const promptIds = await ctx.tokenizer.encode(renderChatPrompt(ctx, req), false);
   if (promptIds.length === 0) throw badRequest("the rendered chat prompt is empty", "messages");
   const id = newRequestId("chatcmpl");
-  const engineRequest = buildEngineRequest(ctx, id, promptIds, req, arrivalMs);
+  const specs = buildChoices(ctx, id, [promptIds], req, arrivalMs);
   const created = unixSeconds();
   const model = ctx.servedModelName;
 
@@ -55,44 +96,47 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
       ...(req.includeUsage ? { usage: usage ?? null } : {}),
     });
     const format: StreamFormat = {
-      opening: () => [
-        chunk(
-          [{ index: 0, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }],
-          req.returnTokenIds ? { prompt_token_ids: promptIds } : {},
+      opening: () =>
+        specs.map((spec, i) =>
+          chunk(
+            [{ index: spec.index, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }],
+            req.returnTokenIds && i === 0 ? { prompt_token_ids: promptIds } : {},
+          ),
         ),
-      ],
-      delta(text, ids, finish, stop) {
+      delta(index, delta) {
         const choice: Record<string, unknown> = {
-          index: 0,
-          delta: text === "" ? {} : { content: text },
-          logprobs: null,
-          finish_reason: finish,
+          index,
+          delta: delta.text === "" ? {} : { content: delta.text },
+          logprobs: delta.logprobs ? chatLogprobs(delta.logprobs) : null,
+          finish_reason: delta.finishReason,
         };
-        if (finish !== null) choice.stop_reason = stop;
-        if (req.returnTokenIds) choice.token_ids = ids;
+        if (delta.finishReason !== null) choice.stop_reason = delta.stopReason;
+        if (req.returnTokenIds) choice.token_ids = delta.tokenIds;
         return chunk([choice]);
       },
       usage: (usage) => chunk([], {}, usage),
     };
-    streamGeneration(ctx, engineRequest, req.skipSpecialTokens, req.includeUsage, format, reply);
+    streamGeneration(ctx, specs, req, format, reply);
     return reply;
   }
 
-  const result = await collectGeneration(ctx, engineRequest, req.skipSpecialTokens, reply);
-  const choice: Record<string, unknown> = {
-    index: 0,
-    message: { role: "assistant", content: result.text },
-    logprobs: null,
-    finish_reason: result.finishReason satisfies OpenAIFinishReason,
-    stop_reason: result.stopReason,
-  };
-  if (req.returnTokenIds) choice.token_ids = result.tokenIds;
+  const result = await collectGeneration(ctx, specs, req, reply);
   return {
     id,
     object: "chat.completion",
     created,
     model,
-    choices: [choice],
+    choices: result.choices.map((c) => {
+      const choice: Record<string, unknown> = {
+        index: c.index,
+        message: { role: "assistant", content: c.text },
+        logprobs: c.logprobs ? chatLogprobs(c.logprobs) : null,
+        finish_reason: c.finishReason satisfies OpenAIFinishReason,
+        stop_reason: c.stopReason,
+      };
+      if (req.returnTokenIds) choice.token_ids = c.tokenIds;
+      return choice;
+    }),
     usage: result.usage,
     ...(req.returnTokenIds ? { prompt_token_ids: promptIds } : {}),
   };

@@ -5,11 +5,14 @@ import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import type { EngineHandle, GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
+import type { TokenStrings } from "./token-strings.js";
 
 export interface FrontendContext {
   engine: EngineHandle;
   tokenizer: TextTokenizer;
   detokenizer: DetokenizerBatcher;
+  /** Token strings for logprobs. */
+  tokenStrings: TokenStrings;
   /** null when the model has none: chat requests get a 400. */
   chatTemplate: ChatTemplate | null;
   servedModelName: string;

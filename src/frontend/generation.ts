@@ -4,8 +4,9 @@
 // is reached only through submit/abort and the output callback.
 
 import { RequestRejectedError } from "../engine/engine-core.js";
-import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestOutput, TokenLogprob } from "../engine/types.js";
 import type { DetokenizerSession } from "../text/detokenizer.js";
+import type { StopStringMatcher } from "../text/stop-strings.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
 
 /** The part of EngineCore the frontend uses. */
@@ -16,14 +17,31 @@ export interface EngineHandle {
 
 export type OpenAIFinishReason = "stop" | "length";
 
+/** A logprob entry with the token strings resolved (tokenizer.decode of each id). */
+export interface ResolvedLogprob {
+  tokenId: number;
+  token: string;
+  logprob: number;
+  top: { tokenId: number; token: string; logprob: number }[];
+}
+
 export interface GenerationDelta {
   /** Text that became final with these tokens ("" while held back). */
   text: string;
   /** Generated ids of this step, stop token included. */
   tokenIds: number[];
+  /** One entry per id in tokenIds when the request asked for logprobs, else null. */
+  logprobs: ResolvedLogprob[] | null;
   finishReason: OpenAIFinishReason | null;
-  /** vLLM's stop_reason: the stop_token_ids entry that ended the request; null for EOS and length. */
-  stopReason: number | null;
+  /** vLLM's stop_reason: the stop_token_ids entry or stop string that ended the request; null for EOS and length. */
+  stopReason: number | string | null;
+}
+
+export interface GenerationOptions {
+  /** Stop strings of the request; null when it has none. */
+  stopStrings?: StopStringMatcher | null;
+  /** Turns the engine's logprobs into entries with token strings; needed when the request asks for logprobs. */
+  resolveLogprobs?: ((logprobs: TokenLogprob[]) => Promise<ResolvedLogprob[]>) | null;
 }
 
 export interface GenerationSink {
@@ -55,12 +73,18 @@ export class GenerationRegistry {
 }
 
 export class Generation {
-  /** Generated tokens so far (what usage.completion_tokens counts). */
+  /** Generated tokens delivered to the sink so far (what usage.completion_tokens counts). */
   completionTokens = 0;
+  /** Prompt tokens the engine served from the prefix cache (usage.prompt_tokens_details.cached_tokens). */
+  numCachedTokens = 0;
+  /** Generated tokens received from the engine (some may still be on their way to the sink). */
+  private generatedTokens = 0;
   /** No more sink calls once closed. */
   private closed = false;
   /** The engine has finished or forgotten the request; no abort needed. */
   private engineDone = false;
+  /** Deltas reach the sink in step order, whatever order their async parts finish in. */
+  private tail: Promise<void> = Promise.resolve();
 
   constructor(
     private readonly engine: EngineHandle,
@@ -68,6 +92,7 @@ export class Generation {
     private readonly detokenizer: DetokenizerSession,
     private readonly request: EngineRequest,
     private readonly sink: GenerationSink,
+    private readonly options: GenerationOptions = {},
   ) {}
 
   get id(): string {
@@ -123,24 +148,49 @@ export class Generation {
       return;
     }
     const ids = output.newTokenIds;
-    this.completionTokens += ids.length;
+    this.numCachedTokens = output.numCachedTokens;
+    this.generatedTokens += ids.length;
     const finishReason: OpenAIFinishReason | null = output.finished ? (output.finishReason === "length" ? "length" : "stop") : null;
     // A stop token (EOS or stop_token_ids) counts as generated but is not text (vLLM).
     const endsOnStopToken = output.finished && output.stopTokenId !== null && ids[ids.length - 1] === output.stopTokenId;
     const textIds = endsOnStopToken ? ids.slice(0, -1) : ids;
-    const stopReason =
+    const stopReason: number | string | null =
       endsOnStopToken && output.stopTokenId !== null && this.request.stop.stopTokenIds.includes(output.stopTokenId) ? output.stopTokenId : null;
     if (output.finished) {
       this.engineDone = true;
       this.registry.delete(this);
     }
-    this.detokenizer.push(textIds, output.finished).then(
-      (text) => {
-        if (this.closed) return;
-        if (output.finished) this.closed = true;
-        this.sink.onDelta({ text, tokenIds: ids, finishReason, stopReason });
-      },
-      (error: unknown) => this.fail(serverError(`detokenization failed: ${(error as Error).message}`)),
+    // Stop strings are not checked before min_tokens are out (vLLM).
+    const checkStops = this.generatedTokens >= this.request.stop.minTokens;
+    const textPromise = this.detokenizer.push(textIds, output.finished);
+    const resolve = this.options.resolveLogprobs;
+    const logprobsPromise = resolve && output.logprobs !== null ? resolve(output.logprobs) : Promise.resolve(null);
+    const both = Promise.all([textPromise, logprobsPromise]);
+    this.tail = this.tail.then(
+      () =>
+        both.then(
+          ([text, logprobs]) => {
+            if (this.closed) return;
+            let finish = finishReason;
+            let stop: number | string | null = stopReason;
+            const matcher = this.options.stopStrings;
+            if (matcher) {
+              const match = matcher.push(text, output.finished, checkStops);
+              text = match.text;
+              if (match.stop !== null) {
+                finish = "stop";
+                stop = match.stop;
+                // The engine may still be generating: free it now.
+                this.closed = true;
+                this.release();
+              }
+            }
+            if (output.finished) this.closed = true;
+            this.completionTokens += ids.length;
+            this.sink.onDelta({ text, tokenIds: ids, logprobs, finishReason: finish, stopReason: stop });
+          },
+          (error: unknown) => this.fail(serverError(`detokenization failed: ${(error as Error).message}`)),
+        ),
     );
   }
 }

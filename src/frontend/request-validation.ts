@@ -1,16 +1,25 @@
-// Request bodies of /v1/completions and /v1/chat/completions, checked field by
-// field. Every check names the parameter, so a client sees which one is wrong.
-// null means "default" for every optional field (the OpenAI clients send it).
-// Parameters Baton does not implement yet are refused, never silently ignored,
-// when they would change the output (stop strings, logprobs, n > 1, ...).
+// Request bodies of /v1/completions, /v1/chat/completions and /generate,
+// checked with zod schemas. Every error names the parameter (its full path,
+// e.g. "messages[0].role" or "stop_token_ids[1]"), so a client sees which one
+// is wrong. null means "default" for every optional field (the OpenAI clients
+// send it). Unknown fields are ignored, as OpenAI does; known parameters that
+// Baton does not implement are refused when they would change the output.
 
+import { z } from "zod";
 import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
-import { badRequest } from "./openai-error.js";
+import { badRequest, type ApiError } from "./openai-error.js";
 
 export interface ValidationLimits {
   /** Token ids must be below this (the model's vocabulary size). */
   vocabSize: number;
 }
+
+/** vLLM's default --max-logprobs. */
+export const MAX_LOGPROBS = 20;
+/** Most generations one request may start (n times the number of prompts). */
+export const MAX_CHOICES = 128;
+/** Most stop strings per request. */
+export const MAX_STOP_STRINGS = 64;
 
 export interface SamplingRequest {
   model: string | null;
@@ -26,182 +35,311 @@ export interface SamplingRequest {
   presencePenalty: number;
   frequencyPenalty: number;
   repetitionPenalty: number;
+  /** Stop strings, matched on the text. */
+  stop: string[];
+  includeStopStrInOutput: boolean;
   stopTokenIds: number[];
   ignoreEos: boolean;
   minTokens: number;
+  /** Choices per prompt. */
+  n: number;
+  /** -1: none; 0: the sampled token's only; k: also the top k (the worker's SamplingParams.logprobs). */
+  logprobs: number;
   stream: boolean;
   includeUsage: boolean;
   returnTokenIds: boolean;
   skipSpecialTokens: boolean;
+  user: string | null;
+  /** Scheduling priority (vLLM): lower first; 0 by default. */
+  priority: number;
 }
 
 export interface CompletionRequest extends SamplingRequest {
-  /** Text, or token ids given directly. */
-  prompt: string | number[];
+  /** One entry per prompt: text, or token ids given directly. */
+  prompts: (string | number[])[];
+  echo: boolean;
 }
 
 export interface ChatRequest extends SamplingRequest {
   messages: TemplateMessage[];
   addGenerationPrompt: boolean;
+  continueFinalMessage: boolean;
   chatTemplateKwargs: Record<string, unknown>;
+  /** Chat's logprobs flag. */
+  wantsLogprobs: boolean;
+  /** Chat's top_logprobs (0 when not asked). */
+  topLogprobs: number;
 }
 
-type Body = Record<string, unknown>;
-
-function asBody(body: unknown): Body {
-  if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    throw badRequest("the request body must be a JSON object");
-  }
-  return body as Body;
+export interface GenerateRequest extends SamplingRequest {
+  promptTokenIds: number[] | null;
+  prompt: string | null;
 }
+
+// ---- schema pieces -------------------------------------------------------
+
+const opt = <T extends z.ZodTypeAny>(schema: T) => schema.nullish();
+/** The invalid_type message marks integer fields, so errors say "an integer". */
+const INT = "INT";
+const int = () => z.number({ invalid_type_error: INT }).int();
+const bool = () => z.boolean();
+
+const samplingShape = {
+  model: opt(z.string()),
+  max_tokens: opt(int().min(1, "at least 1")),
+  temperature: opt(z.number().min(0, "at least 0")),
+  top_p: opt(z.number().gt(0, "in (0, 1]").max(1, "in (0, 1]")),
+  top_k: opt(int().min(-1, "-1 (off), 0 (off) or a positive integer")),
+  min_p: opt(z.number().min(0, "in [0, 1]").max(1, "in [0, 1]")),
+  seed: opt(int().min(Number.MIN_SAFE_INTEGER, "a safe integer").max(Number.MAX_SAFE_INTEGER - MAX_CHOICES, "a safe integer")),
+  presence_penalty: opt(z.number().min(-2, "in [-2, 2]").max(2, "in [-2, 2]")),
+  frequency_penalty: opt(z.number().min(-2, "in [-2, 2]").max(2, "in [-2, 2]")),
+  repetition_penalty: opt(z.number().gt(0, "greater than 0").max(100, "at most 100")),
+  stop: opt(z.union([z.string().min(1, "a non-empty string"), z.array(z.string().min(1, "a non-empty string")).max(MAX_STOP_STRINGS, `a list of at most ${MAX_STOP_STRINGS} strings`)])),
+  include_stop_str_in_output: opt(bool()),
+  stop_token_ids: opt(z.array(int().min(0, "a token id"))),
+  ignore_eos: opt(bool()),
+  min_tokens: opt(int().min(0, "at least 0")),
+  n: opt(int().min(1, "at least 1").max(MAX_CHOICES, `at most ${MAX_CHOICES}`)),
+  best_of: opt(int().min(1, "at least 1")),
+  stream: opt(bool()),
+  stream_options: opt(
+    z.object({
+      include_usage: opt(bool()),
+      continuous_usage_stats: opt(bool()),
+    }),
+  ),
+  return_token_ids: opt(bool()),
+  skip_special_tokens: opt(bool()),
+  user: opt(z.string()),
+  // vLLM: lower runs first under --scheduling-policy priority; non-zero is refused with fcfs (sampling.ts).
+  priority: opt(int()),
+  logit_bias: opt(z.record(z.unknown())),
+  suffix: opt(z.string()),
+};
+
+const completionSchema = z.object({
+  ...samplingShape,
+  prompt: z.unknown(),
+  echo: opt(bool()),
+  logprobs: opt(int().min(0, `in [0, ${MAX_LOGPROBS}]`).max(MAX_LOGPROBS, `in [0, ${MAX_LOGPROBS}]`)),
+});
+
+const chatSchema = z.object({
+  ...samplingShape,
+  max_completion_tokens: opt(int().min(1, "at least 1")),
+  messages: z.unknown(),
+  logprobs: opt(bool()),
+  top_logprobs: opt(int().min(0, `in [0, ${MAX_LOGPROBS}]`).max(MAX_LOGPROBS, `in [0, ${MAX_LOGPROBS}]`)),
+  add_generation_prompt: opt(bool()),
+  continue_final_message: opt(bool()),
+  chat_template_kwargs: opt(z.record(z.unknown())),
+  tools: opt(z.array(z.unknown())),
+  functions: opt(z.array(z.unknown())),
+  tool_choice: z.unknown(),
+  response_format: opt(z.object({ type: z.string() }).passthrough()),
+});
+
+const generateSchema = z.object({
+  ...samplingShape,
+  prompt: opt(z.string()),
+  prompt_token_ids: opt(z.array(int().min(0, "a token id"))),
+  logprobs: opt(int().min(0, `in [0, ${MAX_LOGPROBS}]`).max(MAX_LOGPROBS, `in [0, ${MAX_LOGPROBS}]`)),
+});
+
+type SamplingBody = z.infer<z.ZodObject<typeof samplingShape>>;
+
+// ---- error formatting -----------------------------------------------------
 
 function describe(value: unknown): string {
   if (value === null) return "null";
+  if (value === undefined) return "nothing";
   if (Array.isArray(value)) return "an array";
-  return typeof value === "string" ? `the string ${JSON.stringify(value).slice(0, 40)}` : `${typeof value} ${JSON.stringify(value)?.slice(0, 40)}`;
+  if (typeof value === "string") return `the string ${JSON.stringify(value.length > 40 ? `${value.slice(0, 40)}...` : value)}`;
+  if (typeof value === "object") return "an object";
+  return `${typeof value} ${JSON.stringify(value)}`;
 }
 
-function optionalBoolean(body: Body, name: string, fallback: boolean): boolean {
-  const value = body[name];
-  if (value === undefined || value === null) return fallback;
-  if (typeof value !== "boolean") throw badRequest(`${name} must be a boolean, got ${describe(value)}`, name);
+function paramOf(path: readonly (string | number)[]): string {
+  let out = "";
+  for (const part of path) out += typeof part === "number" ? `[${part}]` : out === "" ? part : `.${part}`;
+  return out;
+}
+
+function valueAt(body: unknown, path: readonly (string | number)[]): unknown {
+  let value = body;
+  for (const part of path) {
+    if (typeof value !== "object" || value === null) return undefined;
+    value = (value as Record<string | number, unknown>)[part];
+  }
   return value;
 }
 
-function optionalNumber(body: Body, name: string, fallback: number, check: (n: number) => boolean, range: string): number {
-  const value = body[name];
-  if (value === undefined || value === null) return fallback;
-  if (typeof value !== "number" || !Number.isFinite(value)) throw badRequest(`${name} must be a number, got ${describe(value)}`, name);
-  if (!check(value)) throw badRequest(`${name} must be ${range}, got ${value}`, name);
-  return value;
-}
+const EXPECTED: Record<string, string> = {
+  number: "a number",
+  integer: "an integer",
+  string: "a string",
+  boolean: "a boolean",
+  array: "a list",
+  object: "an object",
+};
 
-function optionalInteger(body: Body, name: string, check: (n: number) => boolean, range: string): number | null {
-  const value = body[name];
-  if (value === undefined || value === null) return null;
-  if (typeof value !== "number" || !Number.isSafeInteger(value)) throw badRequest(`${name} must be an integer, got ${describe(value)}`, name);
-  if (!check(value)) throw badRequest(`${name} must be ${range}, got ${value}`, name);
-  return value;
-}
+/** What a union parameter accepts, for its error message. */
+const UNION_EXPECTED: Record<string, string> = {
+  stop: "a non-empty string or a list of non-empty strings",
+};
 
-function tokenIds(value: unknown, name: string, limits: ValidationLimits): number[] {
-  if (!Array.isArray(value)) throw badRequest(`${name} must be a list of token ids, got ${describe(value)}`, name);
-  value.forEach((id: unknown, i) => {
-    if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= limits.vocabSize) {
-      throw badRequest(`${name}[${i}] must be a token id between 0 and ${limits.vocabSize - 1}, got ${describe(id)}`, name);
+function toApiError(issue: z.ZodIssue, body: unknown): ApiError {
+  const param = paramOf(issue.path);
+  const value = valueAt(body, issue.path);
+  switch (issue.code) {
+    case "invalid_type": {
+      if (issue.received === "undefined") return badRequest(`${param} is required`, param);
+      const expected = issue.message === INT ? "an integer" : (EXPECTED[issue.expected] ?? issue.expected);
+      return badRequest(`${param} must be ${expected}, got ${describe(value)}`, param);
     }
+    case "too_small":
+    case "too_big":
+      return badRequest(`${param} must be ${issue.message}, got ${typeof value === "number" ? value : describe(value)}`, param);
+    case "invalid_union": {
+      const top = typeof issue.path[0] === "string" ? issue.path[0] : param;
+      return badRequest(`${param} must be ${UNION_EXPECTED[top] ?? "of another type"}, got ${describe(value)}`, param);
+    }
+    default:
+      return badRequest(`${param}: ${issue.message}`, param);
+  }
+}
+
+function parseWith<T extends z.ZodTypeAny>(schema: T, raw: unknown): z.infer<T> {
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
+    throw badRequest(`the request body must be a JSON object, got ${describe(raw)}`);
+  }
+  const result = schema.safeParse(raw);
+  if (!result.success) {
+    const issue = result.error.issues[0];
+    if (issue) throw toApiError(issue, raw);
+    throw badRequest("invalid request body");
+  }
+  return result.data as z.infer<T>;
+}
+
+function checkTokenIds(ids: readonly number[], param: string, limits: ValidationLimits): void {
+  ids.forEach((id, i) => {
+    if (id >= limits.vocabSize) throw badRequest(`${param}[${i}] must be a token id between 0 and ${limits.vocabSize - 1}, got ${id}`, `${param}[${i}]`);
   });
-  return value as number[];
 }
 
-/** Fields that would change the result but are not implemented yet. */
-function refuseUnsupported(body: Body): void {
-  const stop = body.stop;
-  if (stop !== undefined && stop !== null && !(Array.isArray(stop) && stop.length === 0)) {
-    throw badRequest("stop strings are not supported yet; use stop_token_ids", "stop");
-  }
-  const n = body.n;
-  if (n !== undefined && n !== null && n !== 1) throw badRequest("only n = 1 is supported", "n");
-  const bestOf = body.best_of;
-  if (bestOf !== undefined && bestOf !== null && bestOf !== 1) throw badRequest("only best_of = 1 is supported", "best_of");
-  const logprobs = body.logprobs;
-  if (logprobs !== undefined && logprobs !== null && logprobs !== false) throw badRequest("logprobs are not supported yet", "logprobs");
-  const topLogprobs = body.top_logprobs;
-  if (topLogprobs !== undefined && topLogprobs !== null && topLogprobs !== 0) {
-    throw badRequest("top_logprobs are not supported yet", "top_logprobs");
-  }
-  if (body.echo === true) throw badRequest("echo is not supported", "echo");
-  if (body.suffix !== undefined && body.suffix !== null) throw badRequest("suffix is not supported", "suffix");
-  const logitBias = body.logit_bias;
-  if (logitBias !== undefined && logitBias !== null && !(typeof logitBias === "object" && Object.keys(logitBias).length === 0)) {
-    throw badRequest("logit_bias is not supported yet", "logit_bias");
-  }
-  for (const name of ["tools", "functions"]) {
+/** Known parameters that would change the result but are not implemented. */
+function refuseUnsupported(body: SamplingBody & { tools?: unknown[] | null; functions?: unknown[] | null; response_format?: { type: string } | null }, n: number): void {
+  if (body.best_of != null && body.best_of !== n) throw badRequest(`best_of must equal n (${n}); best_of > n is not supported`, "best_of");
+  if (body.suffix != null && body.suffix !== "") throw badRequest("suffix is not supported", "suffix");
+  if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) throw badRequest("logit_bias is not supported yet", "logit_bias");
+  for (const name of ["tools", "functions"] as const) {
     const value = body[name];
-    if (value !== undefined && value !== null && !(Array.isArray(value) && value.length === 0)) {
-      throw badRequest(`${name} are not supported yet`, name);
-    }
+    if (value != null && value.length > 0) throw badRequest(`${name} are not supported yet`, name);
   }
+  const format = body.response_format;
+  if (format != null && format.type !== "text") throw badRequest(`response_format ${JSON.stringify(format.type)} is not supported (only "text")`, "response_format.type");
 }
 
-function parseSampling(body: Body, limits: ValidationLimits, maxTokensName: "max_tokens" | "max_completion_tokens"): SamplingRequest {
-  refuseUnsupported(body);
-  const model = body.model;
-  if (model !== undefined && model !== null && typeof model !== "string") {
-    throw badRequest(`model must be a string, got ${describe(model)}`, "model");
-  }
-  const maxTokens = optionalInteger(body, maxTokensName, (n) => n >= 1, "at least 1");
-  const minTokens = optionalInteger(body, "min_tokens", (n) => n >= 0, "at least 0") ?? 0;
+function parseSampling(
+  body: SamplingBody,
+  limits: ValidationLimits,
+  maxTokens: number | null,
+  maxTokensParam: "max_tokens" | "max_completion_tokens",
+  logprobs: number,
+): SamplingRequest {
+  const n = body.n ?? 1;
+  refuseUnsupported(body, n);
+  const minTokens = body.min_tokens ?? 0;
   if (maxTokens !== null && minTokens > maxTokens) {
-    throw badRequest(`min_tokens (${minTokens}) must not exceed ${maxTokensName} (${maxTokens})`, "min_tokens");
+    throw badRequest(`min_tokens (${minTokens}) must not exceed ${maxTokensParam} (${maxTokens})`, "min_tokens");
   }
-  const stream = optionalBoolean(body, "stream", false);
-  let includeUsage = false;
-  const streamOptions = body.stream_options;
-  if (streamOptions !== undefined && streamOptions !== null) {
-    if (!stream) throw badRequest("stream_options is only allowed when stream is true", "stream_options");
-    if (typeof streamOptions !== "object" || Array.isArray(streamOptions)) {
-      throw badRequest(`stream_options must be an object, got ${describe(streamOptions)}`, "stream_options");
-    }
-    const include = (streamOptions as Body).include_usage;
-    if (include !== undefined && include !== null && typeof include !== "boolean") {
-      throw badRequest(`stream_options.include_usage must be a boolean, got ${describe(include)}`, "stream_options.include_usage");
-    }
-    includeUsage = include === true;
-  }
-  const stopTokenIdsRaw = body.stop_token_ids;
-  const stopTokenIds = stopTokenIdsRaw === undefined || stopTokenIdsRaw === null ? [] : tokenIds(stopTokenIdsRaw, "stop_token_ids", limits);
+  const stream = body.stream ?? false;
+  if (body.stream_options != null && !stream) throw badRequest("stream_options is only allowed when stream is true", "stream_options");
+  const stopTokenIds = body.stop_token_ids ?? [];
+  checkTokenIds(stopTokenIds, "stop_token_ids", limits);
+  const stop = body.stop == null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
   return {
-    model: typeof model === "string" ? model : null,
+    model: body.model ?? null,
     maxTokens,
-    maxTokensParam: maxTokensName,
+    maxTokensParam,
     // OpenAI's default is 1.0; 0 means greedy.
-    temperature: optionalNumber(body, "temperature", 1.0, (n) => n >= 0, "at least 0"),
-    topP: optionalNumber(body, "top_p", 1.0, (n) => n > 0 && n <= 1, "in (0, 1]"),
-    topK: optionalInteger(body, "top_k", (n) => n >= -1, "-1 (off), 0 (off) or a positive integer") ?? 0,
-    minP: optionalNumber(body, "min_p", 0, (n) => n >= 0 && n <= 1, "in [0, 1]"),
-    seed: optionalInteger(body, "seed", () => true, "an integer"),
-    presencePenalty: optionalNumber(body, "presence_penalty", 0, (n) => n >= -2 && n <= 2, "in [-2, 2]"),
-    frequencyPenalty: optionalNumber(body, "frequency_penalty", 0, (n) => n >= -2 && n <= 2, "in [-2, 2]"),
-    repetitionPenalty: optionalNumber(body, "repetition_penalty", 1, (n) => n > 0, "greater than 0"),
+    temperature: body.temperature ?? 1.0,
+    topP: body.top_p ?? 1.0,
+    topK: body.top_k ?? 0,
+    minP: body.min_p ?? 0,
+    seed: body.seed ?? null,
+    presencePenalty: body.presence_penalty ?? 0,
+    frequencyPenalty: body.frequency_penalty ?? 0,
+    repetitionPenalty: body.repetition_penalty ?? 1,
+    stop,
+    includeStopStrInOutput: body.include_stop_str_in_output ?? false,
     stopTokenIds,
-    ignoreEos: optionalBoolean(body, "ignore_eos", false),
+    ignoreEos: body.ignore_eos ?? false,
     minTokens,
+    n,
+    logprobs,
     stream,
-    includeUsage,
-    returnTokenIds: optionalBoolean(body, "return_token_ids", false),
-    skipSpecialTokens: optionalBoolean(body, "skip_special_tokens", true),
+    includeUsage: stream && body.stream_options?.include_usage === true,
+    returnTokenIds: body.return_token_ids ?? false,
+    skipSpecialTokens: body.skip_special_tokens ?? true,
+    user: body.user ?? null,
+    priority: body.priority ?? 0,
   };
 }
 
-export function parseCompletionRequest(raw: unknown, limits: ValidationLimits): CompletionRequest {
-  const body = asBody(raw);
-  const sampling = parseSampling(body, limits, "max_tokens");
-  let prompt = body.prompt;
+/** vLLM's default max_tokens for /v1/completions. */
+export const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
+
+function isIdList(value: unknown): value is number[] {
+  return Array.isArray(value) && value.every((v) => typeof v === "number");
+}
+
+function parsePrompts(prompt: unknown, limits: ValidationLimits): (string | number[])[] {
   if (prompt === undefined || prompt === null) throw badRequest("prompt is required", "prompt");
-  // A list holding one prompt (string or ids) is the same as that prompt.
-  if (Array.isArray(prompt) && prompt.length === 1 && (typeof prompt[0] === "string" || Array.isArray(prompt[0]))) {
-    prompt = prompt[0];
-  }
-  if (Array.isArray(prompt)) {
-    if (prompt.length > 0 && (typeof prompt[0] === "string" || Array.isArray(prompt[0]))) {
-      throw badRequest("only one prompt per request is supported", "prompt");
+  if (typeof prompt === "string") return [prompt];
+  const expected = "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists";
+  if (!Array.isArray(prompt)) throw badRequest(`${expected}, got ${describe(prompt)}`, "prompt");
+  if (prompt.length === 0) throw badRequest("prompt must not be empty", "prompt");
+  const ids = (list: unknown[], param: string): number[] => {
+    list.forEach((id, i) => {
+      if (typeof id !== "number" || !Number.isInteger(id) || id < 0 || id >= limits.vocabSize) {
+        throw badRequest(`${param}[${i}] must be a token id between 0 and ${limits.vocabSize - 1}, got ${describe(id)}`, `${param}[${i}]`);
+      }
+    });
+    return list as number[];
+  };
+  if (typeof prompt[0] === "number") return [ids(prompt, "prompt")];
+  return prompt.map((entry: unknown, i) => {
+    if (typeof entry === "string") return entry;
+    if (Array.isArray(entry)) {
+      if (entry.length === 0) throw badRequest(`prompt[${i}] must not be empty`, `prompt[${i}]`);
+      return ids(entry, `prompt[${i}]`);
     }
-    const ids = tokenIds(prompt, "prompt", limits);
-    if (ids.length === 0) throw badRequest("prompt must not be empty", "prompt");
-    return { ...sampling, prompt: ids };
+    throw badRequest(`prompt[${i}] must be a string or a list of token ids (all entries of one kind), got ${describe(entry)}`, `prompt[${i}]`);
+  });
+}
+
+export function parseCompletionRequest(raw: unknown, limits: ValidationLimits): CompletionRequest {
+  const body = parseWith(completionSchema, raw);
+  const prompts = parsePrompts(body.prompt, limits);
+  const sampling = parseSampling(body, limits, body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", body.logprobs ?? -1);
+  if (prompts.length * sampling.n > MAX_CHOICES) {
+    throw badRequest(`n (${sampling.n}) times the number of prompts (${prompts.length}) must be at most ${MAX_CHOICES}`, "n");
   }
-  if (typeof prompt !== "string") {
-    throw badRequest(`prompt must be a string or a list of token ids, got ${describe(prompt)}`, "prompt");
-  }
-  return { ...sampling, prompt };
+  return { ...sampling, prompts, echo: body.echo ?? false };
 }
 
 export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRequest {
-  const body = asBody(raw);
+  const body = parseWith(chatSchema, raw);
   // max_completion_tokens replaces the deprecated max_tokens; it wins when both are given.
-  const hasCompletionTokens = body.max_completion_tokens !== undefined && body.max_completion_tokens !== null;
-  const sampling = parseSampling(body, limits, hasCompletionTokens ? "max_completion_tokens" : "max_tokens");
+  const useCompletionTokens = body.max_completion_tokens != null;
+  const maxTokens = useCompletionTokens ? body.max_completion_tokens! : (body.max_tokens ?? null);
+  const wantsLogprobs = body.logprobs ?? false;
+  const topLogprobs = body.top_logprobs ?? 0;
+  if (topLogprobs > 0 && !wantsLogprobs) throw badRequest("top_logprobs requires logprobs to be true", "top_logprobs");
+  const sampling = parseSampling(body, limits, maxTokens, useCompletionTokens ? "max_completion_tokens" : "max_tokens", wantsLogprobs ? topLogprobs : -1);
   let messages: TemplateMessage[];
   try {
     messages = normalizeMessages(body.messages);
@@ -209,14 +347,36 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
     throw error;
   }
-  const kwargs = body.chat_template_kwargs;
-  if (kwargs !== undefined && kwargs !== null && (typeof kwargs !== "object" || Array.isArray(kwargs))) {
-    throw badRequest(`chat_template_kwargs must be an object, got ${describe(kwargs)}`, "chat_template_kwargs");
+  const addGenerationPrompt = body.add_generation_prompt ?? true;
+  const continueFinalMessage = body.continue_final_message ?? false;
+  if (continueFinalMessage && addGenerationPrompt) {
+    throw badRequest("continue_final_message and add_generation_prompt cannot both be true (set add_generation_prompt to false)", "continue_final_message");
+  }
+  if (continueFinalMessage && messages[messages.length - 1]?.role !== "assistant") {
+    throw badRequest("continue_final_message needs an assistant message last", "messages");
   }
   return {
     ...sampling,
     messages,
-    addGenerationPrompt: optionalBoolean(body, "add_generation_prompt", true),
-    chatTemplateKwargs: (kwargs as Record<string, unknown> | null | undefined) ?? {},
+    addGenerationPrompt,
+    continueFinalMessage,
+    chatTemplateKwargs: body.chat_template_kwargs ?? {},
+    wantsLogprobs,
+    topLogprobs,
   };
+}
+
+/** Baton's /generate: prompt_token_ids and/or prompt (text, appended after the ids); stream defaults to true. */
+export function parseGenerateRequest(raw: unknown, limits: ValidationLimits): GenerateRequest {
+  const withDefault = typeof raw === "object" && raw !== null && !Array.isArray(raw) ? { stream: true, ...raw } : raw;
+  const body = parseWith(generateSchema, withDefault);
+  const ids = body.prompt_token_ids ?? null;
+  if (ids !== null) checkTokenIds(ids, "prompt_token_ids", limits);
+  const prompt = body.prompt ?? null;
+  if ((ids === null || ids.length === 0) && (prompt === null || prompt === "")) {
+    throw badRequest("give prompt_token_ids or prompt (or both)", "prompt_token_ids");
+  }
+  const sampling = parseSampling(body, limits, body.max_tokens ?? null, "max_tokens", body.logprobs ?? -1);
+  if (sampling.n !== 1) throw badRequest("/generate runs one sequence per request (n must be 1)", "n");
+  return { ...sampling, promptTokenIds: ids, prompt };
 }

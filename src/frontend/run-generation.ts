@@ -1,13 +1,15 @@
-// The two ways an endpoint delivers a generation: collected into one JSON
-// body, or streamed as SSE chunks. Both abort the engine request when the
-// client disconnects before the end.
+// The two ways an endpoint delivers generations: collected into one JSON
+// body, or streamed as SSE chunks. A request may run several generations at
+// once (n > 1, or several completion prompts): each is its own engine request
+// and its own "choice". All are aborted when the client disconnects early.
 
 import { randomUUID } from "node:crypto";
 import type { FastifyReply } from "fastify";
 import type { EngineRequest } from "../engine/types.js";
+import { StopStringMatcher } from "../text/stop-strings.js";
 import type { FrontendContext } from "./context.js";
-import { Generation, type OpenAIFinishReason } from "./generation.js";
-import { ApiError, modelNotFound, serviceUnavailable } from "./openai-error.js";
+import { Generation, type GenerationDelta, type OpenAIFinishReason, type ResolvedLogprob } from "./generation.js";
+import { ApiError, modelNotFound, serviceUnavailable, type OpenAIErrorBody } from "./openai-error.js";
 import type { SamplingRequest } from "./request-validation.js";
 import { resolveMaxTokens, toEngineRequest } from "./sampling.js";
 import { SseStream } from "./sse.js";
@@ -16,27 +18,44 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** cached_tokens: prompt tokens served from the prefix cache. */
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+/** One generation of a request: choice `index` of prompt `promptIndex`. */
+export interface ChoiceSpec {
+  index: number;
+  promptIndex: number;
+  request: EngineRequest;
+}
+
+export interface CollectedChoice {
+  index: number;
+  promptIndex: number;
+  text: string;
+  tokenIds: number[];
+  /** One entry per generated token when logprobs were asked for. */
+  logprobs: ResolvedLogprob[] | null;
+  finishReason: OpenAIFinishReason;
+  stopReason: number | string | null;
 }
 
 export interface CollectedGeneration {
-  text: string;
-  tokenIds: number[];
-  finishReason: OpenAIFinishReason;
-  stopReason: number | null;
+  choices: CollectedChoice[];
   usage: Usage;
 }
 
 /** How an endpoint shapes its stream. */
 export interface StreamFormat {
-  /** Chunks sent before any generated text (chat's role chunk). */
+  /** Chunks sent before any generated text (chat's role chunks). */
   opening(): object[];
-  /** A chunk for text made final by one or more steps; tokenIds are all ids since the last chunk. */
-  delta(text: string, tokenIds: number[], finishReason: OpenAIFinishReason | null, stopReason: number | null): object;
+  /** A chunk for one choice's text made final by one or more steps; tokenIds/logprobs cover all steps since its last chunk. */
+  delta(index: number, delta: GenerationDelta): object;
   /** The closing usage-only chunk (stream_options.include_usage). */
   usage(usage: Usage): object;
 }
 
-export function newRequestId(prefix: "cmpl" | "chatcmpl"): string {
+export function newRequestId(prefix: "cmpl" | "chatcmpl" | "gen"): string {
   return `${prefix}-${randomUUID().replaceAll("-", "")}`;
 }
 
@@ -66,76 +85,175 @@ export function buildEngineRequest(
   return toEngineRequest(id, promptIds, req, maxTokens, ctx.limits, arrivalMs);
 }
 
-function usageOf(promptTokens: number, completionTokens: number): Usage {
-  return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+/**
+ * n engine requests per prompt, choice index = prompt * n + i. Every prompt is
+ * checked against the context length before anything is submitted. With a
+ * seed, choice i samples with seed + i, so the choices differ but repeat.
+ */
+export function buildChoices(ctx: FrontendContext, id: string, prompts: number[][], req: SamplingRequest, arrivalMs: number): ChoiceSpec[] {
+  const specs: ChoiceSpec[] = [];
+  const single = prompts.length === 1 && req.n === 1;
+  prompts.forEach((promptIds, promptIndex) => {
+    const maxTokens = resolveMaxTokens(req, promptIds.length, ctx.limits);
+    for (let i = 0; i < req.n; i++) {
+      const index = promptIndex * req.n + i;
+      const request = toEngineRequest(single ? id : `${id}-${index}`, promptIds, req, maxTokens, ctx.limits, arrivalMs);
+      if (req.seed !== null && i > 0) request.sampling = { ...request.sampling, seed: req.seed + i };
+      specs.push({ index, promptIndex, request });
+    }
+  });
+  return specs;
+}
+
+function usageOf(specs: readonly ChoiceSpec[], generations: readonly Generation[]): Usage {
+  const prompts = new Map<number, number>();
+  for (const spec of specs) prompts.set(spec.promptIndex, spec.request.promptIds.length);
+  let promptTokens = 0;
+  for (const n of prompts.values()) promptTokens += n;
+  // Per prompt, the most any of its choices got from the prefix cache.
+  const cached = new Map<number, number>();
+  specs.forEach((spec, i) => cached.set(spec.promptIndex, Math.max(cached.get(spec.promptIndex) ?? 0, generations[i]?.numCachedTokens ?? 0)));
+  let cachedTokens = 0;
+  for (const n of cached.values()) cachedTokens += n;
+  const completionTokens = generations.reduce((sum, g) => sum + g.completionTokens, 0);
+  return {
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+    prompt_tokens_details: { cached_tokens: cachedTokens },
+  };
+}
+
+function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[4]): Generation {
+  const session = ctx.detokenizer.session(spec.request.promptIds, req.skipSpecialTokens);
+  return new Generation(ctx.engine, ctx.registry, session, spec.request, sink, {
+    stopStrings: req.stop.length > 0 ? new StopStringMatcher(req.stop, req.includeStopStrInOutput) : null,
+    resolveLogprobs: spec.request.sampling.logprobs >= 0 ? (logprobs) => ctx.tokenStrings.resolve(logprobs) : null,
+  });
 }
 
 export function collectGeneration(
   ctx: FrontendContext,
-  engineRequest: EngineRequest,
-  skipSpecialTokens: boolean,
+  specs: readonly ChoiceSpec[],
+  req: SamplingRequest,
   reply: FastifyReply,
 ): Promise<CollectedGeneration> {
   return new Promise<CollectedGeneration>((resolve, reject) => {
-    const parts: string[] = [];
-    const tokenIds: number[] = [];
-    const session = ctx.detokenizer.session(engineRequest.promptIds, skipSpecialTokens);
-    const generation: Generation = new Generation(ctx.engine, ctx.registry, session, engineRequest, {
-      onDelta(delta) {
-        parts.push(delta.text);
-        for (const id of delta.tokenIds) tokenIds.push(id);
-        if (delta.finishReason === null) return;
-        resolve({
-          text: parts.join(""),
-          tokenIds,
-          finishReason: delta.finishReason,
-          stopReason: delta.stopReason,
-          usage: usageOf(engineRequest.promptIds.length, generation.completionTokens),
-        });
-      },
-      onError: reject,
+    const results: (CollectedChoice | null)[] = specs.map(() => null);
+    let remaining = specs.length;
+    let settled = false;
+    const generations: Generation[] = [];
+    const fail = (error: ApiError): void => {
+      if (settled) return;
+      settled = true;
+      for (const g of generations) g.cancel();
+      reject(error);
+    };
+    specs.forEach((spec, k) => {
+      const parts: string[] = [];
+      const tokenIds: number[] = [];
+      const logprobs: ResolvedLogprob[] = [];
+      const generation = newGeneration(ctx, spec, req, {
+        onDelta(delta) {
+          parts.push(delta.text);
+          for (const id of delta.tokenIds) tokenIds.push(id);
+          if (delta.logprobs) for (const entry of delta.logprobs) logprobs.push(entry);
+          if (delta.finishReason === null) return;
+          results[k] = {
+            index: spec.index,
+            promptIndex: spec.promptIndex,
+            text: parts.join(""),
+            tokenIds,
+            logprobs: spec.request.sampling.logprobs >= 0 ? logprobs : null,
+            finishReason: delta.finishReason,
+            stopReason: delta.stopReason,
+          };
+          remaining--;
+          if (remaining === 0 && !settled) {
+            settled = true;
+            resolve({ choices: results as CollectedChoice[], usage: usageOf(specs, generations) });
+          }
+        },
+        onError: fail,
+      });
+      generations.push(generation);
     });
     reply.raw.on("close", () => {
       if (reply.raw.writableEnded) return;
-      generation.cancel();
-      reject(new ApiError(499, "client disconnected", "invalid_request_error"));
+      fail(new ApiError(499, "client disconnected", "invalid_request_error"));
     });
-    generation.start();
+    for (const generation of generations) {
+      if (settled) break;
+      generation.start();
+    }
   });
 }
 
-/** Streams the generation; the reply is hijacked and ends with `data: [DONE]`. */
+/** Where a stream goes: SSE for the OpenAI routes, NDJSON for /generate. */
+export interface StreamWriter {
+  send(chunk: object): void;
+  sendError(body: OpenAIErrorBody): void;
+  done(): void;
+}
+
+/** Streams the generations; the reply is hijacked and (with SSE) ends with `data: [DONE]`. */
 export function streamGeneration(
   ctx: FrontendContext,
-  engineRequest: EngineRequest,
-  skipSpecialTokens: boolean,
-  includeUsage: boolean,
+  specs: readonly ChoiceSpec[],
+  req: SamplingRequest,
   format: StreamFormat,
   reply: FastifyReply,
+  makeWriter: (res: FastifyReply["raw"]) => StreamWriter = (res) => new SseStream(res),
 ): void {
   reply.hijack();
-  const sse = new SseStream(reply.raw);
+  const sse = makeWriter(reply.raw);
   for (const chunk of format.opening()) sse.send(chunk);
-  // Ids of steps whose text was held back travel with the next chunk that has text.
-  let pendingIds: number[] = [];
-  const session = ctx.detokenizer.session(engineRequest.promptIds, skipSpecialTokens);
-  const generation: Generation = new Generation(ctx.engine, ctx.registry, session, engineRequest, {
-    onDelta(delta) {
-      pendingIds = pendingIds.length === 0 ? delta.tokenIds : pendingIds.concat(delta.tokenIds);
-      if (delta.text === "" && delta.finishReason === null) return;
-      sse.send(format.delta(delta.text, pendingIds, delta.finishReason, delta.stopReason));
-      pendingIds = [];
-      if (delta.finishReason === null) return;
-      if (includeUsage) sse.send(format.usage(usageOf(engineRequest.promptIds.length, generation.completionTokens)));
-      sse.done();
-    },
-    onError(error) {
-      sse.sendError(error.toBody());
-      sse.done();
-    },
+  let remaining = specs.length;
+  let ended = false;
+  const generations: Generation[] = [];
+  specs.forEach((spec) => {
+    // Ids (and logprobs) of steps whose text was held back travel with the next chunk that has text.
+    let pendingIds: number[] = [];
+    let pendingLogprobs: ResolvedLogprob[] = [];
+    const generation = newGeneration(ctx, spec, req, {
+      onDelta(delta) {
+        if (ended) return;
+        pendingIds = pendingIds.length === 0 ? delta.tokenIds : pendingIds.concat(delta.tokenIds);
+        if (delta.logprobs) pendingLogprobs = pendingLogprobs.concat(delta.logprobs);
+        if (delta.text === "" && delta.finishReason === null) return;
+        sse.send(
+          format.delta(spec.index, {
+            ...delta,
+            tokenIds: pendingIds,
+            logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
+          }),
+        );
+        pendingIds = [];
+        pendingLogprobs = [];
+        if (delta.finishReason === null) return;
+        remaining--;
+        if (remaining > 0) return;
+        ended = true;
+        if (req.includeUsage) sse.send(format.usage(usageOf(specs, generations)));
+        sse.done();
+      },
+      onError(error) {
+        if (ended) return;
+        ended = true;
+        for (const g of generations) g.cancel();
+        sse.sendError(error.toBody());
+        sse.done();
+      },
+    });
+    generations.push(generation);
   });
   reply.raw.on("close", () => {
-    if (!reply.raw.writableEnded) generation.cancel();
+    if (reply.raw.writableEnded) return;
+    ended = true;
+    for (const g of generations) g.cancel();
   });
-  generation.start();
+  for (const generation of generations) {
+    if (ended) break;
+    generation.start();
+  }
 }

@@ -12,6 +12,8 @@ const GREEDY_EPSILON = 1e-5;
 export interface ModelLimits {
   maxModelLen: number;
   eosTokenIds: readonly number[];
+  /** --scheduling-policy; with fcfs (the default) a non-zero request priority is a 400. */
+  schedulingPolicy?: "fcfs" | "priority";
 }
 
 /**
@@ -55,7 +57,7 @@ export function toSamplingParams(req: SamplingRequest, limits: ModelLimits): Sam
     repetition_penalty: req.repetitionPenalty,
     min_tokens: req.minTokens,
     suppress_token_ids: Int32Array.from(new Set(suppress)),
-    logprobs: -1,
+    logprobs: req.logprobs,
   };
 }
 
@@ -82,7 +84,15 @@ export function toEngineRequest(
     promptIds,
     sampling: toSamplingParams(req, limits),
     stop: toStopConditions(req, maxTokens, limits),
-    priority: 0,
+    priority: checkedPriority(req, limits),
     arrivalMs,
   };
+}
+
+/** vLLM: a non-zero priority is an error unless the server runs the priority policy. */
+function checkedPriority(req: SamplingRequest, limits: ModelLimits): number {
+  if (req.priority !== 0 && limits.schedulingPolicy !== "priority") {
+    throw badRequest(`Got priority ${req.priority} but priority scheduling is not enabled (--scheduling-policy priority).`, "priority");
+  }
+  return req.priority;
 }

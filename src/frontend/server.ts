@@ -7,10 +7,17 @@ import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
 import { handleCompletion } from "./completions.js";
+import { batonVersion, handleDetokenize, handleGenerate, handleTokenize } from "./extra-endpoints.js";
 import type { FrontendContext } from "./context.js";
 import { GenerationRegistry, type EngineHandle } from "./generation.js";
 import { listModels, modelCard, retrieveModel } from "./models.js";
-import { ApiError, serverError, type ApiErrorType } from "./openai-error.js";
+import { ApiError, badRequest, serverError, type ApiErrorType } from "./openai-error.js";
+import { TokenStrings } from "./token-strings.js";
+import { Admission, RETRY_AFTER_UNAVAILABLE_S } from "./admission.js";
+import { apiKeyHook } from "./auth.js";
+import type { Logger } from "../observability/logger.js";
+import type { BatonMetrics } from "../observability/metrics.js";
+import { observeEngine } from "../observability/observed-engine.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
@@ -25,6 +32,18 @@ export interface ServerOptions {
   bodyLimitBytes?: number;
   /** Called with errors that are the server's fault (for the log). */
   onInternalError?: (error: Error) => void;
+  /** Bearer key every route but /health requires; null/undefined: no auth. */
+  apiKey?: string | null;
+  /** GET /metrics and per-request metrics; null/undefined: no /metrics route. */
+  metrics?: BatonMetrics | null;
+  /** Per-request log lines. */
+  logger?: Logger | null;
+  /** 429 once this many requests wait (default: unbounded). */
+  maxNumQueuedRequests?: number;
+  /** --scheduling-policy (default fcfs: a non-zero request priority is a 400). */
+  schedulingPolicy?: "fcfs" | "priority";
+  /** The engine's waiting-queue length (for the bound); default 0. */
+  numWaiting?: () => number;
 }
 
 export interface BatonServer {
@@ -37,6 +56,8 @@ export interface BatonServer {
   failInFlight(error: ApiError): void;
 }
 
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
 function errorType(status: number): ApiErrorType {
   if (status === 404) return "not_found_error";
   if (status === 503) return "service_unavailable";
@@ -47,13 +68,21 @@ export function buildServer(options: ServerOptions): BatonServer {
   const app = Fastify({ logger: false, bodyLimit: options.bodyLimitBytes ?? 64 * 1024 * 1024 });
   const registry = new GenerationRegistry();
   let unavailable: string | null = null;
+  const metrics = options.metrics ?? null;
+  const admission = new Admission({
+    maxNumQueuedRequests: options.maxNumQueuedRequests ?? Number.POSITIVE_INFINITY,
+    numWaiting: options.numWaiting ?? (() => 0),
+    unavailableReason: () => unavailable,
+    onReject: (reason) => metrics?.reject(reason),
+  });
   const ctx: FrontendContext = {
-    engine: options.engine,
+    engine: observeEngine(options.engine, { recorder: metrics, logger: options.logger ?? null, onSubmit: () => admission.releaseCurrent() }),
     tokenizer: options.tokenizer,
     detokenizer: new DetokenizerBatcher(options.tokenizer),
+    tokenStrings: new TokenStrings(options.tokenizer),
     chatTemplate: options.chatTemplate,
     servedModelName: options.servedModelName,
-    limits: { maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds },
+    limits: { maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds, schedulingPolicy: options.schedulingPolicy ?? "fcfs" },
     vocabSize: options.vocabSize,
     registry,
     unavailableReason: () => unavailable,
@@ -63,6 +92,7 @@ export function buildServer(options: ServerOptions): BatonServer {
   app.setErrorHandler((error: FastifyError | ApiError | Error, _request, reply) => {
     if (reply.sent || reply.raw.headersSent) return;
     if (error instanceof ApiError) {
+      if (error.status === 503) void reply.header("retry-after", String(RETRY_AFTER_UNAVAILABLE_S));
       void reply.code(error.status).send(error.toBody());
       return;
     }
@@ -76,9 +106,40 @@ export function buildServer(options: ServerOptions): BatonServer {
     options.onInternalError?.(error);
     void reply.code(500).send(serverError(`internal error: ${error.message}`).toBody());
   });
+  // JSON bodies must be valid UTF-8 (Node would silently replace bad bytes with U+FFFD).
+  app.removeContentTypeParser("application/json");
+  app.addContentTypeParser("application/json", { parseAs: "buffer" }, (_request, body, done) => {
+    const bytes = body as Buffer;
+    if (bytes.length === 0) {
+      done(badRequest("the request body is empty; send a JSON object"), undefined);
+      return;
+    }
+    let text: string;
+    try {
+      text = utf8.decode(bytes);
+    } catch {
+      done(badRequest("the request body is not valid UTF-8", null, "invalid_utf8"), undefined);
+      return;
+    }
+    try {
+      // A "__proto__" key must not become a prototype anywhere downstream.
+      done(null, text.includes("__proto__") ? JSON.parse(text, (key, value: unknown) => (key === "__proto__" ? undefined : value)) : JSON.parse(text));
+    } catch (error) {
+      done(badRequest(`invalid JSON body: ${(error as Error).message}`, null, "invalid_json"), undefined);
+    }
+  });
   app.setNotFoundHandler((request, reply) => {
     void reply.code(404).send(new ApiError(404, `no route for ${request.method} ${request.url}`, "not_found_error").toBody());
   });
+
+  if (options.apiKey) {
+    const key = options.apiKey;
+    app.addHook("onRequest", apiKeyHook(key, () => metrics?.reject("unauthorized")));
+  }
+  app.addHook("preHandler", admission.preHandler);
+  if (metrics !== null) {
+    app.get("/metrics", async (_request, reply) => reply.header("content-type", metrics.contentType).send(await metrics.render()));
+  }
 
   app.get("/health", async (_request, reply) => {
     if (unavailable === null) return { status: "ok" };
@@ -88,6 +149,10 @@ export function buildServer(options: ServerOptions): BatonServer {
   app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
   app.post("/v1/completions", (request, reply) => handleCompletion(ctx, request, reply));
   app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(ctx, request, reply));
+  app.post("/tokenize", (request) => handleTokenize(ctx, request));
+  app.post("/detokenize", (request) => handleDetokenize(ctx, request));
+  app.get("/version", async () => ({ version: batonVersion() }));
+  app.post("/generate", (request, reply) => handleGenerate(ctx, request, reply));
 
   return {
     app,

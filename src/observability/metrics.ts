@@ -118,6 +118,10 @@ export class BatonMetrics implements RequestRecorder {
       buckets: REQUEST_LATENCY_BUCKETS,
       registers,
     }).labels(model);
+    // Expose every histogram (count 0) before its first observation.
+    for (const name of ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds"]) {
+      (this.registry.getSingleMetric(name) as Histogram<"model_name">).zero(model);
+    }
     this.promptTokens = new Counter({ name: "vllm:prompt_tokens_total", help: "Number of prefill tokens processed.", labelNames, registers }).labels(model);
     this.generationTokens = new Counter({ name: "vllm:generation_tokens_total", help: "Number of generation tokens processed.", labelNames, registers }).labels(model);
     this.promptTokens.inc(0);
@@ -148,6 +152,7 @@ export class BatonMetrics implements RequestRecorder {
         self.drainStepTimings(engine);
       },
     });
+    for (const phase of PHASES) this.stepPhase.zero({ ...model, phase });
     this.phaseChildren = PHASES.map((phase) => this.stepPhase.labels({ ...model, phase }));
   }
 

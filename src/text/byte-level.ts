@@ -33,8 +33,8 @@ function unicodeToByte(): Map<number, number> {
   return map;
 }
 
-const fatalUtf8 = new TextDecoder("utf-8", { fatal: true });
-const lossyUtf8 = new TextDecoder("utf-8");
+const fatalUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+const lossyUtf8 = new TextDecoder("utf-8", { ignoreBOM: true });
 
 interface TokenizerJson {
   model?: { type?: string; vocab?: Record<string, number> };

@@ -31,6 +31,9 @@ export interface BatchDecoder {
   readonly byteLevel?: ByteLevelDecoder | null;
 }
 
+/** Event-loop time spent detokenizing in this process, all batchers together (for `baton bench`). */
+export const detokenizerTimings = { busyMs: 0 };
+
 /** Prompt tokens kept as decoding context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET). */
 export const PROMPT_CONTEXT_TOKENS = 5;
 
@@ -222,7 +225,7 @@ export class DetokenizerBatcher {
       }
       group.works.push(session.takeWork(group.batch));
     }
-    this.busyMs += performance.now() - t0;
+    this.addBusy(performance.now() - t0);
     try {
       await Promise.all(
         [...groups].map(async ([skip, { batch, works }]) => {
@@ -239,13 +242,18 @@ export class DetokenizerBatcher {
           }
           const t1 = performance.now();
           for (const work of works) work.session.complete(work, texts);
-          this.busyMs += performance.now() - t1;
+          this.addBusy(performance.now() - t1);
         }),
       );
     } finally {
       this.running = false;
       this.kick();
     }
+  }
+
+  private addBusy(ms: number): void {
+    this.busyMs += ms;
+    detokenizerTimings.busyMs += ms;
   }
 
   private runSync(decoder: ByteLevelDecoder): void {
@@ -260,6 +268,6 @@ export class DetokenizerBatcher {
       }
     }
     this.queued.clear();
-    this.busyMs += performance.now() - t0;
+    this.addBusy(performance.now() - t0);
   }
 }

@@ -56,6 +56,17 @@ function mismatch(path: string, expected: string, value: unknown): ProtocolError
   return new ProtocolError(`${path}: expected ${expected}, got ${describeValue(value)}`, path);
 }
 
+/** str and bool travel as themselves both ways; only the type is checked. */
+function checkString(v: unknown, p: string): string {
+  if (typeof v === "string") return v;
+  throw mismatch(p, "string", v);
+}
+
+function checkBool(v: unknown, p: string): boolean {
+  if (typeof v === "boolean") return v;
+  throw mismatch(p, "bool", v);
+}
+
 // ---- numeric arrays ----------------------------------------------------------
 
 type NumericArrayKind = "i32[]" | "f32[]" | "u8[]";
@@ -183,15 +194,9 @@ class CodecBuilder {
           throw mismatch(p, "float", v);
         };
       case "str":
-        return (v, p) => {
-          if (typeof v === "string") return v;
-          throw mismatch(p, "string", v);
-        };
+        return checkString;
       case "bool":
-        return (v, p) => {
-          if (typeof v === "boolean") return v;
-          throw mismatch(p, "bool", v);
-        };
+        return checkBool;
       case "i32[]":
       case "f32[]":
       case "u8[]": {
@@ -237,15 +242,9 @@ class CodecBuilder {
       case "float":
         return toFloat;
       case "str":
-        return (v, p) => {
-          if (typeof v === "string") return v;
-          throw mismatch(p, "string", v);
-        };
+        return checkString;
       case "bool":
-        return (v, p) => {
-          if (typeof v === "boolean") return v;
-          throw mismatch(p, "bool", v);
-        };
+        return checkBool;
       case "i32[]":
       case "f32[]":
       case "u8[]": {

@@ -27,6 +27,9 @@ const TAIL_CHARS = 4_000;
 /** After 'exit', how long to wait for the last stderr bytes before reporting. */
 const STDIO_DRAIN_MS = 500;
 
+/** Weight-loading progress lines of a worker started with --progress. */
+const PROGRESS_PREFIX = "BATON_PROGRESS ";
+
 /** The command line that starts a worker (exported for tests and `--dry-run` style tooling). */
 export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint: string): string[] {
   const args = ["-m", "baton_worker", "--model", opts.modelDir, "--in-endpoint", inEndpoint, "--out-endpoint", outEndpoint];
@@ -36,6 +39,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.maxModelLen !== undefined) args.push("--max-model-len", String(opts.maxModelLen));
   args.push("--dtype", opts.dtype, "--device", opts.device, "--seed", String(opts.seed));
   if (opts.loadFormat !== undefined) args.push("--load-format", opts.loadFormat);
+  if (opts.onLoadProgress !== undefined) args.push("--progress");
   return args;
 }
 
@@ -456,7 +460,16 @@ export async function startWorker(opts: WorkerOptions): Promise<WorkerClient> {
 
   const forward = opts.forwardOutput ?? true;
   const prefix = `[worker ${child.pid ?? "?"}] `;
-  const output = new OutputTail(forward ? (line) => process.stderr.write(`${prefix}${line}\n`) : null);
+  const onProgress = opts.onLoadProgress;
+  const output = new OutputTail((line) => {
+    // "BATON_PROGRESS <done> <total>" from a worker started with --progress.
+    if (onProgress !== undefined && line.startsWith(PROGRESS_PREFIX)) {
+      const [done, total] = line.slice(PROGRESS_PREFIX.length).split(" ").map(Number);
+      if (Number.isFinite(done) && Number.isFinite(total)) onProgress(done as number, total as number);
+      return;
+    }
+    if (forward) process.stderr.write(`${prefix}${line}\n`);
+  });
   worker = new SupervisedWorker(child, channel, output);
   live.add(worker);
 

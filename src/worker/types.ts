@@ -28,6 +28,11 @@ export interface WorkerOptions {
    * (default true). The last lines are kept for error messages either way.
    */
   forwardOutput?: boolean;
+  /**
+   * Weight-loading progress (tensors loaded of all): the worker runs with
+   * --progress and its progress lines go here instead of to our stderr.
+   */
+  onLoadProgress?: (done: number, total: number) => void;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
 }

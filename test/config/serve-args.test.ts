@@ -18,7 +18,7 @@ function run(args: string[]) {
 
 describe("parseServeArgs", () => {
   test("defaults", () => {
-    const { help, options } = parseServeArgs([]);
+    const { help, options } = parseServeArgs([], {});
     assert.equal(help, false);
     assert.deepEqual(options, {
       modelDir: null,
@@ -36,6 +36,10 @@ describe("parseServeArgs", () => {
       seed: 0,
       loadFormat: "auto",
       enablePrefixCaching: true,
+      apiKey: null,
+      logLevel: "info",
+      maxNumQueuedRequests: 4096,
+      maxRequestBodyBytes: 64 * 1024 * 1024,
     });
   });
 

@@ -36,6 +36,10 @@ export class FakeExecutor implements StepExecutor {
   delayMs: number;
   /** Called at the start of executeStep, e.g. to abort mid-step. */
   onStep: ((step: StepMessage) => void) | null = null;
+  /** Steps sent and not answered yet, and the most there ever were at once. */
+  queued = 0;
+  maxQueued = 0;
+  private tail: Promise<void> = Promise.resolve();
   private readonly kv: Int32Array;
   private lastStepId = -1;
 
@@ -57,12 +61,29 @@ export class FakeExecutor implements StepExecutor {
     this.delayMs = options.delayMs ?? 0;
   }
 
-  async executeStep(step: StepMessage): Promise<StepResultMessage> {
+  /**
+   * Like the real worker, steps run one after another in arrival order: a
+   * step sent while another runs (overlap scheduling) waits in a queue, and
+   * reads the tokens the earlier step appended.
+   */
+  executeStep(step: StepMessage): Promise<StepResultMessage> {
     this.onStep?.(step);
     if (this.keepSteps) this.steps.push(step);
-    if (this.delayMs > 0) await new Promise((resolve) => setTimeout(resolve, this.delayMs));
-    if (step.step_id === this.failAtStep) throw new Error("the model worker died (fake)");
-    return this.compute(step);
+    this.maxQueued = Math.max(this.maxQueued, ++this.queued);
+    const run = this.tail.then(async () => {
+      try {
+        if (this.delayMs > 0) await new Promise((resolve) => setTimeout(resolve, this.delayMs));
+        if (step.step_id === this.failAtStep) throw new Error("the model worker died (fake)");
+        return this.compute(step);
+      } finally {
+        this.queued--;
+      }
+    });
+    this.tail = run.then(
+      () => undefined,
+      () => undefined,
+    );
+    return run;
   }
 
   /** Executes a step at once (what executeStep does after its delay). */

@@ -75,11 +75,11 @@ describe("completions: 400 for bad parameters", () => {
   const base = { model: "test-model", prompt: "hello", max_tokens: 4 };
   const cases: [string, Record<string, unknown>, RegExp, string][] = [
     ["prompt missing", { model: "test-model" }, /prompt is required/, "prompt"],
-    ["prompt a number", { prompt: 5 }, /prompt must be a string or a list of token ids/, "prompt"],
-    ["prompt ids out of range", { prompt: [1, VOCAB] }, /prompt\[1\].*between 0 and/, "prompt"],
-    ["prompt ids not integers", { prompt: [1, 2.5] }, /prompt\[1\]/, "prompt"],
+    ["prompt a number", { prompt: 5 }, /prompt must be a string, a list of strings, a list of token ids/, "prompt"],
+    ["prompt ids out of range", { prompt: [1, VOCAB] }, /prompt\[1\].*between 0 and/, "prompt[1]"],
+    ["prompt ids not integers", { prompt: [1, 2.5] }, /prompt\[1\]/, "prompt[1]"],
     ["empty id prompt", { prompt: [] }, /must not be empty/, "prompt"],
-    ["several prompts", { prompt: ["a", "b"] }, /only one prompt/, "prompt"],
+    ["mixed prompt list", { prompt: ["a", 5] }, /prompt\[1\] must be a string or a list of token ids/, "prompt[1]"],
     ["max_tokens a string", { max_tokens: "4" }, /max_tokens must be an integer/, "max_tokens"],
     ["max_tokens zero", { max_tokens: 0 }, /max_tokens must be at least 1/, "max_tokens"],
     ["temperature negative", { temperature: -0.5 }, /temperature must be at least 0/, "temperature"],
@@ -90,16 +90,16 @@ describe("completions: 400 for bad parameters", () => {
     ["min_p above 1", { min_p: 1.5 }, /min_p must be in \[0, 1\]/, "min_p"],
     ["seed fraction", { seed: 1.5 }, /seed must be an integer/, "seed"],
     ["stop_token_ids not a list", { stop_token_ids: 5 }, /stop_token_ids must be a list/, "stop_token_ids"],
-    ["stop_token_ids out of range", { stop_token_ids: [-1] }, /stop_token_ids\[0\]/, "stop_token_ids"],
+    ["stop_token_ids out of range", { stop_token_ids: [-1] }, /stop_token_ids\[0\]/, "stop_token_ids[0]"],
     ["ignore_eos a string", { ignore_eos: "yes" }, /ignore_eos must be a boolean/, "ignore_eos"],
     ["min_tokens above max_tokens", { min_tokens: 5 }, /min_tokens \(5\) must not exceed max_tokens \(4\)/, "min_tokens"],
     ["stream a number", { stream: 1 }, /stream must be a boolean/, "stream"],
     ["stream_options without stream", { stream_options: { include_usage: true } }, /only allowed when stream is true/, "stream_options"],
     ["include_usage a string", { stream: true, stream_options: { include_usage: "y" } }, /include_usage must be a boolean/, "stream_options.include_usage"],
     ["return_token_ids a string", { return_token_ids: "true" }, /return_token_ids must be a boolean/, "return_token_ids"],
-    ["stop strings", { stop: ["\n"] }, /stop strings are not supported yet/, "stop"],
-    ["n > 1", { n: 2 }, /only n = 1/, "n"],
-    ["logprobs", { logprobs: 3 }, /logprobs are not supported/, "logprobs"],
+    ["empty stop string", { stop: [""] }, /stop\[0\] must be a non-empty string/, "stop[0]"],
+    ["n zero", { n: 0 }, /n must be at least 1/, "n"],
+    ["logprobs above 20", { logprobs: 21 }, /logprobs must be in \[0, 20\]/, "logprobs"],
     ["model not a string", { model: 7 }, /model must be a string/, "model"],
   ];
   for (const [name, patch, message, param] of cases) {
@@ -233,14 +233,15 @@ describe("parameter mapping", () => {
     assert.deepEqual([...toSamplingParams(ignoring, limits).suppress_token_ids], [9]);
   });
 
-  test("max_tokens defaults to the room left in the context", () => {
-    const req = parseCompletionRequest({ prompt: "x" }, { vocabSize: VOCAB });
+  test("max_tokens defaults to 16 for completions (vLLM) and to the room left in the context for chat", () => {
+    assert.equal(parseCompletionRequest({ prompt: "x" }, { vocabSize: VOCAB }).maxTokens, 16);
+    const req = parseChatRequest({ messages: [{ role: "user", content: "x" }] }, { vocabSize: VOCAB });
     assert.equal(resolveMaxTokens(req, 30, limits), 70);
   });
 
   test("a list of one string prompt is that prompt; null means default", () => {
     const req = parseCompletionRequest({ prompt: ["hi"], temperature: null, stream: null }, { vocabSize: VOCAB });
-    assert.equal(req.prompt, "hi");
+    assert.deepEqual(req.prompts, ["hi"]);
     assert.equal(req.temperature, 1);
     assert.equal(req.stream, false);
   });

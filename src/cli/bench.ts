@@ -1,0 +1,146 @@
+// `baton bench overhead [model-dir] [--batch-sizes 1,16,64,256,1024] [--steps N] [--json] [--compare-async]`:
+// the control plane's per-step cost with the model taken out (src/bench/overhead.ts).
+
+import { existsSync } from "node:fs";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { PHASES, runCompareAsync, runOverhead, type BatchResult, type CompareResult } from "../bench/overhead.js";
+import { UsageError } from "./args.js";
+
+export const BENCH_HELP = `Usage: baton bench overhead [model-dir] [options]
+
+Runs B concurrent streaming /v1/completions requests (ignore_eos, long
+max_tokens) through the real HTTP server and engine core against a Python
+worker in the dummy-null load format (no model: each token is the last + 1),
+and reports per-step times (p50/p99) of each control-plane phase, with
+overlap scheduling off so that the phases of one step add up to the step.
+model-dir defaults to models/demo; only its tokenizer and config are used.
+
+Options:
+  --batch-sizes LIST   comma-separated B values (default 1,16,64,256,1024)
+  --steps N            measured decode steps per B (default 200)
+  --warmup N           steps skipped once all B requests run (default 20)
+  --json               print one JSON object keyed by B
+  --compare-async      run the workload with overlap scheduling off, then on,
+                       and print the throughput ratio (EngineConfig.asyncScheduling)
+  -h, --help           show this help
+`;
+
+export interface BenchArgs {
+  help: boolean;
+  modelDir: string | null;
+  batchSizes: number[];
+  steps: number;
+  warmup: number;
+  json: boolean;
+  compareAsync: boolean;
+}
+
+function positiveInt(text: string, flag: string): number {
+  const n = Number(text);
+  if (!Number.isSafeInteger(n) || n < 1) throw new UsageError(`invalid value '${text}' for --${flag}: expected a positive integer`);
+  return n;
+}
+
+export function parseBenchArgs(args: readonly string[]): BenchArgs {
+  const [sub, ...rest] = args;
+  if (sub === undefined || sub === "--help" || sub === "-h") {
+    return { help: true, modelDir: null, batchSizes: [], steps: 0, warmup: 0, json: false, compareAsync: false };
+  }
+  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: overhead)`);
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: [...rest],
+      allowPositionals: true,
+      strict: true,
+      options: {
+        "batch-sizes": { type: "string" },
+        steps: { type: "string" },
+        warmup: { type: "string" },
+        json: { type: "boolean" },
+        "compare-async": { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  const { values, positionals } = parsed;
+  if (positionals.length > 1) throw new UsageError(`expected at most one model directory, got ${positionals.join(" ")}`);
+  const batchSizes = (values["batch-sizes"] ?? "1,16,64,256,1024").split(",").map((s) => positiveInt(s.trim(), "batch-sizes"));
+  return {
+    help: values.help === true,
+    modelDir: positionals[0] ?? null,
+    batchSizes,
+    steps: values.steps === undefined ? 200 : positiveInt(values.steps, "steps"),
+    warmup: values.warmup === undefined ? 20 : positiveInt(values.warmup, "warmup"),
+    json: values.json === true,
+    compareAsync: values["compare-async"] === true,
+  };
+}
+
+const round = (x: number): number => Math.round(x * 1000) / 1000;
+
+function overheadJson(results: BatchResult[]): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const r of results) {
+    const phases: Record<string, { p50: number; p99: number }> = {};
+    for (const p of PHASES) phases[p] = { p50: round(r.phases[p].p50), p99: round(r.phases[p].p99) };
+    out[String(r.batch_size)] = {
+      engine_core_ms_p50: round(r.engine_core_ms_p50),
+      engine_core_ms_p99: round(r.engine_core_ms_p99),
+      step_ms_p50: round(r.step_ms_p50),
+      step_ms_p99: round(r.step_ms_p99),
+      tokens_per_s: Math.round(r.tokens_per_s),
+      worker_ms_p50: round(r.worker_ms_p50),
+      steps: r.steps,
+      max_in_flight: r.max_in_flight,
+      phases,
+    };
+  }
+  return out;
+}
+
+function overheadTable(results: BatchResult[]): string {
+  const cols = ["B", ...PHASES.map((p) => `${p} p50/p99`), "engine_core p50/p99", "tok/s"];
+  const rows = results.map((r) => [
+    String(r.batch_size),
+    ...PHASES.map((p) => `${r.phases[p].p50.toFixed(3)}/${r.phases[p].p99.toFixed(3)}`),
+    `${r.engine_core_ms_p50.toFixed(3)}/${r.engine_core_ms_p99.toFixed(3)}`,
+    String(Math.round(r.tokens_per_s)),
+  ]);
+  const lines = [`| ${cols.join(" | ")} |`, `|${cols.map(() => " --- ").join("|")}|`, ...rows.map((r) => `| ${r.join(" | ")} |`)];
+  return `per-step times in ms (p50/p99)\n${lines.join("\n")}\n`;
+}
+
+function compareText(results: CompareResult[]): string {
+  const lines = results.map(
+    (r) =>
+      `B=${r.batch_size}: sync ${Math.round(r.sync_tokens_per_s)} tok/s (step p50 ${r.sync_step_ms_p50.toFixed(3)} ms), ` +
+      `async ${Math.round(r.async_tokens_per_s)} tok/s (step p50 ${r.async_step_ms_p50.toFixed(3)} ms), ratio ${r.ratio.toFixed(3)}` +
+      (r.async_max_in_flight < 2 ? "  [the engine never had 2 steps in flight: asyncScheduling is not implemented or not on]" : ""),
+  );
+  return `${lines.join("\n")}\n`;
+}
+
+export async function runBench(args: BenchArgs, repoRoot: string): Promise<number> {
+  const modelDir = args.modelDir ?? join(repoRoot, "models", "demo");
+  if (!existsSync(join(modelDir, "tokenizer.json"))) {
+    process.stderr.write(`baton: ${join(modelDir, "tokenizer.json")} is missing (run npm run setup for the demo model)\n`);
+    return 1;
+  }
+  const log = (line: string): void => void process.stderr.write(`bench: ${line}\n`);
+  const options = { modelDir, batchSizes: args.batchSizes, steps: args.steps, warmupSteps: args.warmup, log };
+  if (args.compareAsync) {
+    const results = await runCompareAsync(options);
+    if (args.json) process.stdout.write(`${JSON.stringify(Object.fromEntries(results.map((r) => [String(r.batch_size), r])))}\n`);
+    else process.stdout.write(compareText(results));
+    return 0;
+  }
+  // Overlap off: with one step in flight the phases add up to the step (see src/bench/overhead.ts).
+  const results = await runOverhead({ ...options, asyncScheduling: false });
+  if (args.json) process.stdout.write(`${JSON.stringify(overheadJson(results))}\n`);
+  else process.stdout.write(overheadTable(results));
+  return 0;
+}
