@@ -136,6 +136,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   process.on("SIGINT", onSignal);
   process.on("SIGTERM", onSignal);
 
+  // A progress bar for weight loading, only where a person watches.
+  const progressBar = process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr) : null;
   try {
     worker = await startWorker({
       modelDir: info.dir,
@@ -147,10 +149,11 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       device: options.device,
       seed: options.seed,
       loadFormat: options.loadFormat,
-      // A progress bar for weight loading, only where a person watches.
-      onLoadProgress: process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr).update : undefined,
+      onLoadProgress: progressBar?.update,
     });
+    progressBar?.finish();
   } catch (error) {
+    progressBar?.finish(false);
     if (stopping) return exited;
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
@@ -230,7 +233,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
 /** What is served where, printed under the start-up line. */
 function servedBanner(options: ServeOptions): string {
   return [
-    "  API:     POST /v1/completions, POST /v1/chat/completions, GET /v1/models",
+    "  API:     POST /v1/completions, POST /v1/chat/completions, GET /v1/models,",
+    "           POST /generate, POST /tokenize, POST /detokenize, GET /version",
     "  health:  GET /health (no key needed)",
     "  metrics: GET /metrics (Prometheus, vLLM names)",
     `  auth:    ${options.apiKey === null ? "off (no --api-key)" : "on (Authorization: Bearer <key>)"}`,

@@ -172,8 +172,8 @@ function nativeLogprobs(entries: readonly ResolvedLogprob[] | null): object[] | 
  * POST /generate: {prompt_token_ids?, prompt?, ...sampling parameters, stream?}.
  * The prompt is prompt_token_ids followed by the tokens of prompt (encoded with
  * special tokens only when there are no ids). Streamed lines:
- * {"id", "token_ids", "text", "finish_reason", ...}; the last one has
- * finish_reason, stop_reason and usage.
+ * {"id", "token_ids", "text", "finish_reason"} (plus "logprobs" when asked,
+ * "stop_reason" on the finishing line), then a last line {"id", "usage"}.
  */
 export async function handleGenerate(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
@@ -187,22 +187,18 @@ export async function handleGenerate(ctx: FrontendContext, request: FastifyReque
   const specs = buildChoices(ctx, id, [promptIds], req, arrivalMs);
 
   if (req.stream) {
-    let completionTokens = 0;
     const format: StreamFormat = {
       opening: () => [],
       delta(_index, delta) {
-        completionTokens += delta.tokenIds.length;
         const line: Record<string, unknown> = { id, token_ids: delta.tokenIds, text: delta.text, finish_reason: delta.finishReason };
         if (delta.logprobs) line.logprobs = nativeLogprobs(delta.logprobs);
-        if (delta.finishReason !== null) {
-          line.stop_reason = delta.stopReason;
-          line.usage = { prompt_tokens: promptIds.length, completion_tokens: completionTokens, total_tokens: promptIds.length + completionTokens };
-        }
+        if (delta.finishReason !== null) line.stop_reason = delta.stopReason;
         return line;
       },
+      // The last line: {"id", "usage"}.
       usage: (usage) => ({ id, usage }),
     };
-    streamGeneration(ctx, specs, { ...req, includeUsage: false }, format, reply, (res) => new NdjsonStream(res));
+    streamGeneration(ctx, specs, { ...req, includeUsage: true }, format, reply, (res) => new NdjsonStream(res));
     return reply;
   }
   const result = await collectGeneration(ctx, specs, req, reply);

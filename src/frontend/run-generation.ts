@@ -182,6 +182,8 @@ export function collectGeneration(
       if (reply.raw.writableEnded) return;
       fail(new ApiError(499, "client disconnected", "invalid_request_error"));
     });
+    // A client that left while its prompt was tokenized: its close event has passed already.
+    if (reply.raw.destroyed) fail(new ApiError(499, "client disconnected", "invalid_request_error"));
     for (const generation of generations) {
       if (settled) break;
       generation.start();
@@ -252,6 +254,8 @@ export function streamGeneration(
     ended = true;
     for (const g of generations) g.cancel();
   });
+  // A client that left while its prompt was tokenized: its close event has passed already.
+  if (reply.raw.destroyed) ended = true;
   for (const generation of generations) {
     if (ended) break;
     generation.start();

@@ -108,6 +108,8 @@ export function buildServer(options: ServerOptions): BatonServer {
   });
   // JSON bodies must be valid UTF-8 (Node would silently replace bad bytes with U+FFFD).
   app.removeContentTypeParser("application/json");
+  // Only JSON bodies: anything else is a 415 naming the media type.
+  app.removeContentTypeParser("text/plain");
   app.addContentTypeParser("application/json", { parseAs: "buffer" }, (_request, body, done) => {
     const bytes = body as Buffer;
     if (bytes.length === 0) {

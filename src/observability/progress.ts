@@ -8,6 +8,7 @@ export interface ProgressStream {
 
 export class ProgressBar {
   private lastDrawn = -1;
+  private lastTotal = 0;
   private finished = false;
 
   constructor(
@@ -23,12 +24,25 @@ export class ProgressBar {
     const percent = Math.floor(fraction * 100);
     if (percent === this.lastDrawn) return;
     this.lastDrawn = percent;
+    this.lastTotal = total;
     this.stream.write(`\r${renderBar(this.label, done, total, this.width)}`);
     if (done >= total) {
       this.finished = true;
       this.stream.write("\n");
     }
   };
+
+  /**
+   * Ends a bar that was drawn, at 100% when `complete` (the work is done even if
+   * the last update is still in a pipe), else where it stood; later updates are ignored.
+   */
+  finish(complete = true): void {
+    if (this.finished) return;
+    this.finished = true;
+    if (this.lastDrawn < 0) return;
+    if (complete && this.lastDrawn < 100) this.stream.write(`\r${renderBar(this.label, this.lastTotal, this.lastTotal, this.width)}`);
+    this.stream.write("\n");
+  }
 }
 
 export function renderBar(label: string, done: number, total: number, width: number): string {

@@ -40,7 +40,18 @@ describe("parseServeArgs", () => {
       logLevel: "info",
       maxNumQueuedRequests: 4096,
       maxRequestBodyBytes: 64 * 1024 * 1024,
+      asyncScheduling: true,
+      schedulingPolicy: "fcfs",
     });
+  });
+
+  test("--no-async-scheduling and --scheduling-policy", () => {
+    const { options } = parseServeArgs(["--no-async-scheduling", "--scheduling-policy", "priority"]);
+    assert.equal(options.asyncScheduling, false);
+    assert.equal(options.schedulingPolicy, "priority");
+    assert.equal(parseServeArgs(["--async-scheduling"]).options.asyncScheduling, true);
+    assert.throws(() => parseServeArgs(["--scheduling-policy", "lifo"]), UsageError);
+    assert.throws(() => parseServeArgs(["--async-scheduling", "--no-async-scheduling"]), UsageError);
   });
 
   test("every flag, with = and underscore spellings", () => {

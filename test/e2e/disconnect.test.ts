@@ -1,7 +1,10 @@
 // Clients that go away: 500 streams cut at random points (and a batch of
-// non-streamed requests cut mid-generation), 32 at a time. Afterwards the
-// engine holds nothing: /metrics shows no running or waiting request and as
-// many free KV blocks as at the start, and the aborts are counted.
+// non-streamed requests cut mid-generation), 32 at a time. Every request asks
+// for far more tokens than it gets before its client leaves, so one that was
+// not aborted would still be running at the end. Afterwards the engine holds
+// nothing: /metrics shows no running or waiting request and as many free KV
+// blocks as at the start, and the aborts are counted. (The demo model is slow
+// on a small CPU, so cuts come within the first few tokens.)
 
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
@@ -38,16 +41,19 @@ function rng(seed: number): () => number {
 
 type Outcome = "cut-before-headers" | "cut-mid-stream" | "completed";
 
+/** Far more than any request gets before it is cut. */
+const MAX_TOKENS = 1000;
+
 /** One streamed request, cut after `cutAfterChunks` SSE reads (or before the headers when < 0). */
 async function cutStream(i: number, random: () => number): Promise<Outcome> {
   const controller = new AbortController();
-  const cutAfterChunks = Math.floor(random() * 12) - 2;
+  const cutAfterChunks = Math.floor(random() * 6) - 1;
   const chat = random() < 0.5;
-  const words = 1 + Math.floor(random() * 40);
+  const words = 1 + Math.floor(random() * 30);
   const prompt = `request ${i}: ${"lorem ipsum ".repeat(words)}`;
   const body = chat
-    ? { model: "baton-demo", messages: [{ role: "user", content: prompt }], max_tokens: 24, ignore_eos: true, stream: true }
-    : { model: "baton-demo", prompt, max_tokens: 24, ignore_eos: true, stream: true };
+    ? { model: "baton-demo", messages: [{ role: "user", content: prompt }], max_tokens: MAX_TOKENS, ignore_eos: true, stream: true }
+    : { model: "baton-demo", prompt, max_tokens: MAX_TOKENS, ignore_eos: true, stream: true };
   const path = chat ? "/v1/chat/completions" : "/v1/completions";
   try {
     const pending = fetch(`${server.url}${path}`, {
@@ -80,12 +86,12 @@ async function cutStream(i: number, random: () => number): Promise<Outcome> {
 /** A non-streamed request abandoned after a random delay. */
 async function cutCollected(i: number, random: () => number): Promise<Outcome> {
   const controller = new AbortController();
-  setTimeout(() => controller.abort(), Math.floor(random() * 40));
+  setTimeout(() => controller.abort(), Math.floor(random() * 300));
   try {
     const response = await fetch(`${server.url}/v1/completions`, {
       method: "POST",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ model: "baton-demo", prompt: `collected ${i}`, max_tokens: 64, ignore_eos: true }),
+      body: JSON.stringify({ model: "baton-demo", prompt: `collected ${i}`, max_tokens: MAX_TOKENS, ignore_eos: true }),
       signal: controller.signal,
     });
     await response.arrayBuffer();
@@ -120,14 +126,14 @@ async function settled(): Promise<Map<string, number>> {
   return m;
 }
 
-test("500 streams and 100 collected requests cut at random points leak no KV blocks", async () => {
+test("500 streams and 64 collected requests cut at random points leak no KV blocks", async () => {
   const start = await scrape();
   const freeAtStart = start.get(`baton:kv_free_blocks{${M}}`);
   assert.equal(freeAtStart, 512);
   const random = rng(Number(process.env.BATON_TEST_SEED ?? 12345));
 
   const streams = await runPool(500, (i) => cutStream(i, random));
-  const collected = await runPool(100, (i) => cutCollected(i, random));
+  const collected = await runPool(64, (i) => cutCollected(i, random));
   const m = await settled();
 
   assert.equal(m.get(`vllm:num_requests_running{${M}}`), 0, "no request left running");
@@ -136,9 +142,11 @@ test("500 streams and 100 collected requests cut at random points leak no KV blo
   assert.equal(m.get(`vllm:kv_cache_usage_perc{${M}}`), 0);
   const aborted = (m.get(`vllm:request_success_total{${M},finished_reason="abort"}`) ?? 0) - (start.get(`vllm:request_success_total{${M},finished_reason="abort"}`) ?? 0);
   const midStream = streams.get("cut-mid-stream") ?? 0;
-  assert.ok(midStream > 300, `most streams were cut mid-way (${JSON.stringify([...streams])})`);
-  assert.ok(aborted >= midStream * 0.9, `the engine aborted the cut requests (${aborted} aborts, ${midStream} cut mid-stream)`);
-  assert.ok((collected.get("cut-before-headers") ?? 0) > 50, `collected requests were cut (${JSON.stringify([...collected])})`);
+  assert.ok(midStream > 250, `most streams were cut mid-way (${JSON.stringify([...streams])})`);
+  assert.equal(streams.get("completed") ?? 0, 0);
+  assert.equal(collected.get("completed") ?? 0, 0);
+  // Every request cut after its headers had reached the engine; some cut earlier had too.
+  assert.ok(aborted >= midStream && aborted <= 564, `the engine aborted the cut requests (${aborted} aborts, ${midStream} cut mid-stream)`);
 
   // And the server still serves.
   const response = await fetch(`${server.url}/v1/completions`, {

@@ -4,7 +4,7 @@
 
 import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
-import { startServer, type RunningServer } from "./harness.js";
+import { postJson, startServer, type RunningServer } from "./harness.js";
 import { complete, metric, promptIds, summary } from "./engine-common.js";
 
 const PREFIX = promptIds(7, 100);
@@ -26,6 +26,11 @@ describe("prefix caching through HTTP (demo model)", () => {
     // 100 shared tokens, block size 16: six full blocks.
     assert.equal(b.usage.prompt_tokens_details?.cached_tokens, 96);
     assert.equal(b.usage.prompt_tokens, SECOND.length);
+    // vLLM semantics: with the default fcfs policy a non-zero priority is a 400; zero is fine.
+    const refused = await postJson<{ error: { param?: string } }>(`${cachingOn.url}/v1/completions`, { prompt: FIRST, max_tokens: 1, priority: 1 });
+    assert.equal(refused.status, 400);
+    assert.equal(refused.body.error.param, "priority");
+    assert.equal((await postJson(`${cachingOn.url}/v1/completions`, { prompt: FIRST, max_tokens: 1, priority: 0 })).status, 200);
     const hits = await metric(cachingOn.url, "vllm:prefix_cache_hits_total");
     if (hits !== null) assert.ok(hits >= 96, `prefix cache hits ${hits}`);
     await cachingOn.stop();

@@ -47,6 +47,8 @@ const ROUTES: { path: string; body?: unknown; ok: number }[] = [
   { path: "/v1/completions", body: completion, ok: 200 },
   { path: "/v1/chat/completions", body: chat, ok: 200 },
   { path: "/metrics", ok: 200 },
+  { path: "/version", ok: 200 },
+  { path: "/tokenize", body: { model: "baton-demo", prompt: "hi" }, ok: 200 },
   { path: "/no/such/route", ok: 404 },
 ];
 

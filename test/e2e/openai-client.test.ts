@@ -79,7 +79,8 @@ describe("openai client against the demo model", () => {
     }
     assert.equal(role, "assistant");
     assert.equal(text, message?.content);
-    assert.deepEqual(usage, full.usage);
+    // cached_tokens may differ: the second request can hit the prefix cache.
+    assert.deepEqual({ ...usage, prompt_tokens_details: undefined }, { ...full.usage, prompt_tokens_details: undefined });
   });
 
   test("a seeded request gives the same output alone and in a busy batch", async () => {

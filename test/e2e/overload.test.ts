@@ -27,7 +27,7 @@ function post(path: string, body: object): Promise<Response> {
   return fetch(`${server.url}${path}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
 }
 
-const slow = { model: "baton-demo", prompt: "a slow one", max_tokens: 400, ignore_eos: true };
+const slow = { model: "baton-demo", prompt: "a slow one", max_tokens: 80, ignore_eos: true };
 
 test("past the queue bound: 429 with Retry-After; the admitted requests finish; then a normal request succeeds", async () => {
   // One request running: wait for its first streamed chunk.
@@ -42,7 +42,7 @@ test("past the queue bound: 429 with Retry-After; the admitted requests finish; 
   // A burst: two fit in the queue, the rest are turned away at once.
   const burst = await Promise.all(
     Array.from({ length: 8 }, (_, i) =>
-      i % 2 === 0 ? post("/v1/completions", { ...slow, max_tokens: 20 }) : post("/v1/chat/completions", { model: "baton-demo", messages: [{ role: "user", content: "hi" }], max_tokens: 20, ignore_eos: true, stream: true }),
+      i % 2 === 0 ? post("/v1/completions", { ...slow, max_tokens: 10 }) : post("/v1/chat/completions", { model: "baton-demo", messages: [{ role: "user", content: "hi" }], max_tokens: 10, ignore_eos: true, stream: true }),
     ).map(async (pending) => {
       const response = await pending;
       return { status: response.status, retryAfter: response.headers.get("retry-after"), body: await response.text() };

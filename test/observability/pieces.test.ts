@@ -52,6 +52,19 @@ describe("progress bar", () => {
     bar.update(4, 4);
     assert.deepEqual(writes, ["\rw [....]   0% 0/4", "\rw [##..]  50% 2/4", "\rw [####] 100% 4/4", "\n"]);
   });
+
+  test("finish() completes a drawn bar once and ignores later updates", () => {
+    const writes: string[] = [];
+    const bar = new ProgressBar("w", { write: (t) => (writes.push(t), true) }, 4);
+    bar.update(1, 4);
+    bar.finish();
+    bar.finish();
+    bar.update(4, 4);
+    assert.deepEqual(writes, ["\rw [#...]  25% 1/4", "\rw [####] 100% 4/4", "\n"]);
+    const silent: string[] = [];
+    new ProgressBar("w", { write: (t) => (silent.push(t), true) }).finish();
+    assert.deepEqual(silent, [], "a bar never drawn writes nothing");
+  });
 });
 
 describe("serve flags", () => {
