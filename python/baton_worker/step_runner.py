@@ -51,12 +51,12 @@ class StepRunner:
         rows = self._rows(step)
         batch = self._build_batch(step, rows)
         t1 = time.perf_counter()
-        sampled = [self.requests[int(r)] for r, s in zip(step.req_ids, step.sample) if s]
+        sampled = [state for state, s in zip(rows, step.sample.tolist()) if s]
         logits = self._forward(batch) if self.model is not None and len(batch["input_ids"]) else None
         t2 = time.perf_counter()
         out = self._sample(logits, sampled, batch)
-        for state, token in zip(sampled, out.token_ids):
-            state.token_ids.append(int(token))
+        for state, token in zip(sampled, out.token_ids.tolist()):
+            state.token_ids.append(token)
         t3 = time.perf_counter()
         return StepResult(
             step_id=step.step_id,
@@ -98,64 +98,79 @@ class StepRunner:
             )
 
     def _rows(self, step: Step) -> list[RequestState]:
-        """Validates the per-row arrays and appends each row's new blocks."""
+        """Validates the per-row arrays and appends each row's new blocks.
+
+        One pass over plain Python ints (numpy scalars are slow one at a time);
+        a row that fails the combined check is re-examined by _row_error for a
+        message naming the field.
+        """
         n = len(step.req_ids)
         for name in _ROW_FIELDS:
             if len(getattr(step, name)) != n:
                 raise ProtocolError(f"Step.{name}", f"has {len(getattr(step, name))} entries, req_ids has {n}")
-        total_blocks = int(step.new_block_counts.sum()) if n else 0
+        if n == 0:
+            return []
+        counts = step.new_block_counts
+        if counts.min() < 0:
+            i = int(np.flatnonzero(counts < 0)[0])
+            raise ProtocolError(f"Step.new_block_counts[{i}]", f"negative count {int(counts[i])}")
+        total_blocks = int(counts.sum())
         if total_blocks != len(step.new_block_ids):
             raise ProtocolError("Step.new_block_ids", f"has {len(step.new_block_ids)} ids, new_block_counts sum to {total_blocks}")
-        if len(step.new_block_ids) and (step.new_block_ids.min() < 0 or step.new_block_ids.max() >= self.num_blocks):
+        if total_blocks and (step.new_block_ids.min() < 0 or step.new_block_ids.max() >= self.num_blocks):
             raise ProtocolError("Step.new_block_ids", f"block id outside [0, {self.num_blocks})")
+        block_ids = step.new_block_ids.tolist()
+        requests, block_size = self.requests, self.block_size
         rows, offset = [], 0
-        for i in range(n):
-            state = self.requests.get(int(step.req_ids[i]))
+        columns = (step.req_ids.tolist(), counts.tolist(), step.num_computed.tolist(), step.num_new_tokens.tolist(), step.sample.tolist())
+        for i, (req_id, count, start, num_new, sample) in enumerate(zip(*columns)):
+            state = requests.get(req_id)
             if state is None:
-                raise ProtocolError(f"Step.req_ids[{i}]", f"unknown request {int(step.req_ids[i])}")
-            count = int(step.new_block_counts[i])
-            if count < 0:
-                raise ProtocolError(f"Step.new_block_counts[{i}]", f"negative count {count}")
-            state.block_table.extend(step.new_block_ids[offset : offset + count].tolist())
-            offset += count
-            self._check_row(step, i, state)
+                raise ProtocolError(f"Step.req_ids[{i}]", f"unknown request {req_id}")
+            if count:
+                state.block_table.extend(block_ids[offset : offset + count])
+                offset += count
+            end = start + num_new
+            known = len(state.token_ids)
+            if start < 0 or num_new < 0 or end > known or end > len(state.block_table) * block_size or (sample and (num_new == 0 or end != known)):
+                raise self._row_error(i, start, num_new, bool(sample), state)
             rows.append(state)
         return rows
 
-    def _check_row(self, step: Step, i: int, state: RequestState) -> None:
-        start, count = int(step.num_computed[i]), int(step.num_new_tokens[i])
+    def _row_error(self, i: int, start: int, count: int, sample: bool, state: RequestState) -> ProtocolError:
         end = start + count
         if start < 0 or count < 0:
-            raise ProtocolError(f"Step.num_computed[{i}]", f"negative position or count ({start}, {count})")
+            return ProtocolError(f"Step.num_computed[{i}]", f"negative position or count ({start}, {count})")
         if end > len(state.token_ids):
-            raise ProtocolError(
+            return ProtocolError(
                 f"Step.num_new_tokens[{i}]", f"row runs to position {end} but request {state.req_id} has {len(state.token_ids)} tokens"
             )
         if end > len(state.block_table) * self.block_size:
-            raise ProtocolError(
+            return ProtocolError(
                 f"Step.new_block_counts[{i}]",
                 f"request {state.req_id} needs {-(-end // self.block_size)} blocks for {end} tokens, has {len(state.block_table)}",
             )
-        if step.sample[i] and (count == 0 or end != len(state.token_ids)):
-            raise ProtocolError(
-                f"Step.sample[{i}]", f"row ends at position {end} but request {state.req_id} has {len(state.token_ids)} tokens"
-            )
+        return ProtocolError(f"Step.sample[{i}]", f"row ends at position {end} but request {state.req_id} has {len(state.token_ids)} tokens")
 
     # ------------------------------------------------------------ batch
 
     def _build_batch(self, step: Step, rows: list[RequestState]) -> dict:
         input_ids, positions, slots, spans, logits_indices = [], [], [], [], []
         token_start = 0
-        for i, state in enumerate(rows):
-            start, count = int(step.num_computed[i]), int(step.num_new_tokens[i])
-            input_ids.extend(state.token_ids[start : start + count])
-            if self.model is not None and count:
+        with_model = self.model is not None
+        columns = (step.num_computed.tolist(), step.num_new_tokens.tolist(), step.sample.tolist())
+        for state, start, count, sample in zip(rows, *columns):
+            if count == 1:
+                input_ids.append(state.token_ids[start])
+            else:
+                input_ids.extend(state.token_ids[start : start + count])
+            if with_model and count:
                 table = state.block_table_tensor(self.device)
                 context = slots_for(table, torch.arange(start + count, device=self.device), self.block_size)
                 slots.append(context[start:])
                 spans.append(RowSpan(token_start, count, start, context))
                 positions.append(torch.arange(start, start + count))
-            if step.sample[i]:
+            if sample:
                 logits_indices.append(token_start + count - 1)
             token_start += count
         to = dict(dtype=torch.int64, device=self.device)

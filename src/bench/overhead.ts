@@ -6,39 +6,52 @@
 // (in a child process, so reading the streams does not run on the server's
 // event loop). Each request is a /v1/completions stream with a long max_tokens
 // and ignore_eos, so the measured steps are decode steps at batch B.
+// (--load-format auto runs the model's real forward instead.)
 //
-// Per step (sync scheduling: one step in flight, so phases add up):
+// Two placements of the engine core (serve's --engine-thread):
+// - engine thread (default): the engine core and the worker link run in their
+//   own thread; the main thread detokenizes and streams concurrently. A step
+//   is then: schedule, build, encode, worker_round_trip, decode, process, post
+//   (packing the step's outputs and posting them to the main thread).
+// - main thread: everything on one event loop; a step also holds the
+//   frontend's work for the previous step's outputs: detokenize, and stream
+//   (delta callbacks, SSE chunk JSON, res.write per socket, the event-loop
+//   turn; measured as step minus every other phase).
+//
+// Phases per step (one step in flight: overlap scheduling is off here so that
+// they add up to the step):
 //   schedule, build      the engine core's timing ring (Scheduler.schedule, buildStepMessage)
 //   encode, decode       msgpack encode of the Step / decode of the StepResult (transport/channel.ts codecTimings)
 //   worker_round_trip    executeStep to its result minus encode and decode: ZeroMQ ipc both ways,
 //                        the Python worker (its own time reported as worker_ms) and promise resolution
-//   process              the engine applying results: stop checks, output callbacks (the frontend's
-//                        Generation.onOutput and the detokenizer push included)
-//   detokenize           the detokenizer's batch on the event loop (text/detokenizer.ts detokenizerTimings)
-//   stream               the rest of the step: delta callbacks, SSE chunk JSON, res.write to the
-//                        sockets, and the event-loop turn before the next step (measured as step
-//                        minus every other phase)
+//   process              the engine applying results: stop checks, output callbacks
 //   step                 from one executeStep call to the next
-// engine_core = schedule + build + process.
+// engine_core = schedule + build + process (+ post). main_thread_busy is the
+// main event loop's utilization over the measured steps.
 
 import { fork, type ChildProcess } from "node:child_process";
-import { once } from "node:events";
 import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
+import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
 import { readModelDir } from "../config/model-dir.js";
-import { EngineCore, type EngineConfig } from "../engine/engine-core.js";
-import type { StepExecutor } from "../engine/types.js";
+import type { EngineStats } from "../engine/engine-core.js";
+import type { StepTiming } from "../engine/step-timings.js";
+import { EngineThread } from "../engine-host/engine-thread.js";
+import { InProcessEngine } from "../engine-host/in-process.js";
+import type { EngineSettings, ServingEngine } from "../engine-host/types.js";
+import type { StepRecord } from "../engine-host/messages.js";
+import { StepRecorder } from "../engine-host/step-recorder.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
 import { detokenizerTimings } from "../text/detokenizer.js";
 import { TextTokenizer } from "../text/tokenizer.js";
-import { codecTimings } from "../transport/channel.js";
-import type { StepMessage, StepResultMessage } from "../transport/messages.js";
-import { startWorker } from "../worker/supervisor.js";
-import type { WorkerClient } from "../worker/types.js";
+import type { ReadyMessage } from "../transport/messages.js";
+import type { LoadFormat, WorkerOptions } from "../worker/types.js";
 
-export const PHASES = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "detokenize", "stream", "step"] as const;
-export type Phase = (typeof PHASES)[number];
+/** Phases of a step in each placement (see the top of this file). */
+export const THREAD_PHASES = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "post", "step"] as const;
+export const MAIN_PHASES = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "detokenize", "stream", "step"] as const;
+export type Phase = (typeof THREAD_PHASES)[number] | (typeof MAIN_PHASES)[number];
 
 export interface Percentiles {
   p50: number;
@@ -48,22 +61,27 @@ export interface Percentiles {
 
 export interface BatchResult {
   batch_size: number;
+  engine_thread: boolean;
   steps: number;
   engine_core_ms_p50: number;
   engine_core_ms_p99: number;
   step_ms_p50: number;
   step_ms_p99: number;
-  /** Tokens streamed per second over the measured steps. */
+  /** Tokens generated per second over the measured steps. */
   tokens_per_s: number;
+  /** Tokens the clients received per second over the same window. */
+  delivered_tokens_per_s: number;
   /** The worker's own time per step (prepare + forward + sample), inside worker_round_trip. */
   worker_ms_p50: number;
+  /** Fraction of the measured window the main event loop was busy (0..1). */
+  main_thread_busy: number;
   /** Most steps the engine had in flight at once (2 with overlap scheduling). */
   max_in_flight: number;
-  phases: Record<Phase, Percentiles>;
+  phases: Partial<Record<Phase, Percentiles>>;
 }
 
 export interface OverheadOptions {
-  /** A model directory with tokenizer.json (the weights are not loaded). */
+  /** A model directory with tokenizer.json (the weights are loaded only with loadFormat "auto"). */
   modelDir: string;
   batchSizes: number[];
   /** Measured steps per batch size. */
@@ -71,14 +89,19 @@ export interface OverheadOptions {
   /** Steps skipped once all B requests are running. */
   warmupSteps?: number;
   promptLen?: number;
-  /** Passed to EngineConfig when defined (overlap scheduling on/off). */
+  /** Overlap scheduling (EngineConfig.asyncScheduling); default off so phases add up. */
   asyncScheduling?: boolean;
+  /** Engine core in its own thread (default) or on the main thread. */
+  engineThread?: boolean;
+  /** "dummy-null" (default): no model; "auto": the model's real forward. */
+  loadFormat?: LoadFormat;
   python?: string;
   /** Progress lines (stderr). */
   log?: (line: string) => void;
 }
 
 const BLOCK_SIZE = 16;
+const MAX_MODEL_LEN = 4096;
 
 export function percentiles(values: readonly number[]): Percentiles {
   if (values.length === 0) return { p50: Number.NaN, p99: Number.NaN, mean: Number.NaN };
@@ -89,60 +112,9 @@ export function percentiles(values: readonly number[]): Percentiles {
   return { p50: at(0.5), p99: at(0.99), mean: sum / sorted.length };
 }
 
-interface StepRecord {
-  callMs: number;
-  encodeMs: number;
-  decodeMs: number;
-  detokBusyAtCall: number;
+interface ClientCount {
   tokens: number;
-  workerMs: number;
-}
-
-/** Wraps the worker: times each executeStep and what the codec did for it. */
-class TimedExecutor implements StepExecutor {
-  readonly records = new Map<number, StepRecord>();
-  recording = false;
-  inFlight = 0;
-  maxInFlight = 0;
-  onStep: (() => void) | null = null;
-
-  constructor(private readonly inner: WorkerClient) {}
-
-  get ready() {
-    return this.inner.ready;
-  }
-
-  executeStep(step: StepMessage): Promise<StepResultMessage> {
-    const callMs = performance.now();
-    const detokBusyAtCall = detokenizerTimings.busyMs;
-    const promise = this.inner.executeStep(step);
-    const encodeMs = codecTimings.encodeMs;
-    this.inFlight++;
-    if (this.inFlight > this.maxInFlight) this.maxInFlight = this.inFlight;
-    this.onStep?.();
-    const recording = this.recording;
-    return promise.then(
-      (result) => {
-        this.inFlight--;
-        if (recording) {
-          const t = result.timings;
-          this.records.set(step.step_id, {
-            callMs,
-            encodeMs,
-            decodeMs: codecTimings.decodeMs,
-            detokBusyAtCall,
-            tokens: result.token_ids.length,
-            workerMs: t.prepare_ms + t.forward_ms + t.sample_ms,
-          });
-        }
-        return result;
-      },
-      (error: unknown) => {
-        this.inFlight--;
-        throw error;
-      },
-    );
-  }
+  atMs: number;
 }
 
 /** The streaming clients' child process. */
@@ -154,13 +126,15 @@ class Clients {
     return new Clients(fork(script, [], { stdio: ["ignore", "ignore", "inherit", "ipc"] }));
   }
 
-  private next(type: string): Promise<Record<string, unknown>> {
+  private nextCount = 0;
+
+  private next(type: string, seq?: number): Promise<Record<string, unknown>> {
     return new Promise((resolve, reject) => {
       const onMessage = (message: Record<string, unknown>): void => {
         if (message.type === "error") {
           cleanup();
           reject(new Error(`a benchmark client failed: ${String(message.message)}`));
-        } else if (message.type === type) {
+        } else if (message.type === type && (seq === undefined || message.seq === seq)) {
           cleanup();
           resolve(message);
         }
@@ -184,10 +158,18 @@ class Clients {
     await opened;
   }
 
-  async close(): Promise<{ bytes: number; events: number }> {
+  /** Tokens the clients have received so far, and when (on their clock). */
+  async count(): Promise<ClientCount> {
+    const seq = this.nextCount++;
+    const counted = this.next("counted", seq);
+    this.child.send({ type: "count", seq });
+    return (await counted) as unknown as ClientCount;
+  }
+
+  async close(): Promise<{ bytes: number; events: number; tokens: number }> {
     const closed = this.next("closed");
     this.child.send({ type: "close" });
-    return (await closed) as unknown as { bytes: number; events: number };
+    return (await closed) as unknown as { bytes: number; events: number; tokens: number };
   }
 
   stop(): void {
@@ -202,7 +184,8 @@ function requestBodies(b: number, promptLen: number, maxTokens: number, model: s
     // null worker's "last + 1" outputs walk through varied text.
     const start = 1000 + ((r * 9973) % Math.max(1, vocab - 2000 - promptLen));
     const prompt = Array.from({ length: promptLen }, (_, i) => start + i);
-    bodies.push(JSON.stringify({ model, prompt, max_tokens: maxTokens, ignore_eos: true, stream: true, temperature: 0 }));
+        // return_token_ids lets the clients count the tokens they receive.
+    bodies.push(JSON.stringify({ model, prompt, max_tokens: maxTokens, ignore_eos: true, stream: true, temperature: 0, return_token_ids: true }));
   }
   return bodies;
 }
@@ -222,48 +205,161 @@ function waitFor(condition: () => boolean, timeoutMs: number, what: string): Pro
   });
 }
 
+/**
+ * Which steps are measured: once all B requests run, `warmup` steps pass, then
+ * `steps` steps are kept. Fed one step at a time, with the engine's stats as
+ * of then.
+ */
+class MeasureWindow {
+  private phase: "admit" | "warmup" | "measure" | "done" = "admit";
+  private left = 0;
+  readonly records: StepRecord[] = [];
+  /** Main-thread placement: the detokenizer's busy time when each measured step was called. */
+  readonly detokAtCall = new Map<number, number>();
+  private elu: ReturnType<typeof performance.eventLoopUtilization> | null = null;
+  mainBusy = Number.NaN;
+  /** What the clients had received when measuring started and ended. */
+  private counts: Promise<ClientCount>[] = [];
+  readonly done: Promise<void>;
+  private finish: () => void = () => {};
+
+  constructor(
+    private readonly b: number,
+    private readonly warmup: number,
+    private readonly steps: number,
+    private readonly countClients: () => Promise<ClientCount>,
+  ) {
+    this.done = new Promise((resolve) => (this.finish = resolve));
+  }
+
+  /** Tokens per second the clients received while steps were measured. */
+  async deliveredPerSecond(): Promise<number> {
+    const [first, last] = await Promise.all(this.counts);
+    if (first === undefined || last === undefined) return Number.NaN;
+    return ((last.tokens - first.tokens) / (last.atMs - first.atMs)) * 1000;
+  }
+
+  /** One more step; true while steps are measured. */
+  onStep(stats: Pick<EngineStats, "numRunning" | "numWaiting">): boolean {
+    if (this.phase === "admit") {
+      if (stats.numRunning === this.b && stats.numWaiting === 0) {
+        this.phase = "warmup";
+        this.left = this.warmup;
+      }
+    } else if (this.phase === "warmup") {
+      if (--this.left <= 0) {
+        this.phase = "measure";
+        this.left = this.steps;
+        this.elu = performance.eventLoopUtilization();
+        this.counts.push(this.countClients());
+      }
+    } else if (this.phase === "measure") {
+      if (--this.left <= 0) {
+        this.phase = "done";
+        if (this.elu !== null) this.mainBusy = performance.eventLoopUtilization(this.elu).utilization;
+        this.counts.push(this.countClients());
+        this.finish();
+      }
+    }
+    return this.phase === "measure";
+  }
+}
+
+/** The engine core under test, in either placement. */
+interface EngineUnderTest {
+  handle: ServingEngine;
+  ready: ReadyMessage;
+  readonly stats: EngineStats;
+  timings: { recent(limit?: number): StepTiming[] };
+  /** Measured step records taken so far (main-thread placement: from the recorder). */
+  collect(window: MeasureWindow): void;
+  close(): Promise<void>;
+}
+
+/** Engine core and worker link in their own thread; step records come with the outputs. */
+async function threadedEngine(worker: WorkerOptions, settings: EngineSettings, current: () => MeasureWindow | null): Promise<EngineUnderTest> {
+  const thread = await EngineThread.start({
+    worker,
+    engine: settings,
+    recordSteps: true,
+    onStepRecords: (records, stats) => {
+      const window = current();
+      for (const record of records) if (window?.onStep(stats) === true) window.records.push(record);
+    },
+  });
+  return {
+    handle: thread,
+    ready: thread.ready,
+    get stats() {
+      return thread.stats;
+    },
+    timings: thread.timings,
+    collect: () => {},
+    close: () => thread.close(),
+  };
+}
+
+/** Everything on this event loop; the recorder wraps the worker here. */
+async function mainThreadEngine(worker: WorkerOptions, settings: EngineSettings, current: () => MeasureWindow | null): Promise<EngineUnderTest> {
+  let recorder: StepRecorder | null = null;
+  const engine = await InProcessEngine.start({ worker, engine: settings }, (client) => (recorder = new StepRecorder(client)));
+  const rec = recorder as unknown as StepRecorder;
+  rec.recording = true;
+  rec.onStep = (stepId) => {
+    const window = current();
+    if (window?.onStep(engine.stats) === true) window.detokAtCall.set(stepId, detokenizerTimings.busyMs);
+  };
+  return {
+    handle: engine,
+    ready: engine.ready,
+    get stats() {
+      return engine.stats;
+    },
+    timings: engine.timings,
+    collect: (window) => {
+      for (const record of rec.take()) if (window.detokAtCall.has(record.stepId)) window.records.push(record);
+    },
+    close: () => engine.close(),
+  };
+}
+
 /** Runs the workload for each batch size on one worker, engine and server. */
 export async function runOverhead(options: OverheadOptions): Promise<BatchResult[]> {
   const log = options.log ?? (() => {});
   const warmup = options.warmupSteps ?? 20;
   const promptLen = options.promptLen ?? 8;
   const maxB = Math.max(...options.batchSizes);
+  const threaded = options.engineThread ?? true;
   const info = readModelDir(options.modelDir);
   const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
-  const maxModelLen = 4096;
-  const worker = await startWorker({
+  const workerOptions: WorkerOptions = {
     modelDir: info.dir,
     blockSize: BLOCK_SIZE,
-    numBlocks: maxB * Math.ceil(maxModelLen / BLOCK_SIZE) + 16,
-    maxModelLen,
+    numBlocks: maxB * Math.ceil(MAX_MODEL_LEN / BLOCK_SIZE) + 16,
+    maxModelLen: MAX_MODEL_LEN,
     dtype: "auto",
-    device: "cpu",
+    device: options.loadFormat === "auto" ? "auto" : "cpu",
     seed: 0,
-    loadFormat: "dummy-null",
+    loadFormat: options.loadFormat ?? "dummy-null",
     forwardOutput: false,
     ...(options.python !== undefined ? { python: options.python } : {}),
-  });
-  const executor = new TimedExecutor(worker);
+  };
+  const settings = {
+    maxNumSeqs: maxB,
+    maxNumBatchedTokens: Math.max(2048, maxB * promptLen),
+    enablePrefixCaching: true,
+    asyncScheduling: options.asyncScheduling ?? false,
+    timingCapacity: Math.max(4096, 2 * (options.steps + warmup)),
+  };
+
+  let window: MeasureWindow | null = null;
+  const engine = await (threaded ? threadedEngine : mainThreadEngine)(workerOptions, settings, () => window);
+  const ready = engine.ready;
   let server: BatonServer | null = null;
   let clients: Clients | null = null;
-  let engine: EngineCore | null = null;
   try {
-    const ready = worker.ready;
-    const config: EngineConfig = {
-      maxNumSeqs: maxB,
-      maxNumBatchedTokens: Math.max(2048, maxB * promptLen),
-      maxModelLen: ready.max_model_len,
-      blockSize: ready.block_size,
-      numBlocks: ready.num_blocks,
-      enablePrefixCaching: true,
-      timingCapacity: Math.max(4096, 2 * (options.steps + warmup)),
-    };
-    // The engine's overlap flag (EngineConfig.asyncScheduling); an engine without it ignores it.
-    if (options.asyncScheduling !== undefined) (config as EngineConfig & { asyncScheduling?: boolean }).asyncScheduling = options.asyncScheduling;
-    const core = new EngineCore(executor, config);
-    engine = core;
     server = buildServer({
-      engine: core,
+      engine: engine.handle,
       tokenizer,
       chatTemplate: null,
       servedModelName: "bench",
@@ -279,47 +375,23 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
     for (const b of options.batchSizes) {
       const maxTokens = ready.max_model_len - promptLen;
       if (options.steps + warmup + 64 > maxTokens) throw new Error(`--steps ${options.steps} is too many for max_model_len ${ready.max_model_len}`);
-      executor.records.clear();
-      executor.maxInFlight = 0;
-      // Admission, then warmup, then the measured window, counted in executeStep calls.
-      let phase: "admit" | "warmup" | "measure" | "done" = "admit";
-      let left = 0;
-      let finished: () => void = () => {};
-      const measured = new Promise<void>((resolve) => (finished = resolve));
-      executor.onStep = () => {
-        if (phase === "admit") {
-          const stats = core.stats;
-          if (stats.numRunning === b && stats.numWaiting === 0) {
-            phase = "warmup";
-            left = warmup;
-          }
-        } else if (phase === "warmup") {
-          if (--left <= 0) {
-            phase = "measure";
-            left = options.steps + 1;
-            core.timings.clear();
-            executor.recording = true;
-          }
-        } else if (phase === "measure") {
-          // One extra call closes the last measured step's period.
-          if (--left <= 0) {
-            phase = "done";
-            executor.recording = false;
-            finished();
-          }
-        }
-      };
+      // One extra step closes the last measured step's period.
+      const running = clients;
+      const current = new MeasureWindow(b, warmup, options.steps + 1, () => running.count());
+      window = current;
       const t0 = performance.now();
       await clients.open(port, requestBodies(b, promptLen, maxTokens, "bench", tokenizer.vocabSize));
-      await measured;
+      await current.done;
       const wallMs = performance.now() - t0;
-      executor.onStep = null;
+      window = null;
+      engine.collect(current);
       await clients.close();
-      await waitFor(() => core.stats.numRunning === 0 && core.stats.numWaiting === 0, 60_000, "the aborted requests to leave the engine");
-      const result = summarize(b, core, executor);
+      await waitFor(() => engine.stats.numRunning === 0 && engine.stats.numWaiting === 0, 60_000, "the aborted requests to leave the engine");
+      const result = summarize(b, threaded, engine, current);
+      result.delivered_tokens_per_s = await current.deliveredPerSecond();
       log(
         `B=${b}: step p50 ${result.step_ms_p50.toFixed(3)} ms, engine core p50 ${result.engine_core_ms_p50.toFixed(3)} ms, ` +
-          `${Math.round(result.tokens_per_s)} tok/s (${(wallMs / 1000).toFixed(1)} s)`,
+          `${Math.round(result.tokens_per_s)} tok/s generated, ${Math.round(result.delivered_tokens_per_s)} tok/s received, main thread ${(result.main_thread_busy * 100).toFixed(0)}% busy (${(wallMs / 1000).toFixed(1)} s)`,
       );
       results.push(result);
     }
@@ -327,89 +399,101 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
   } finally {
     clients?.stop();
     if (server !== null) await server.app.close().catch(() => {});
-    if (engine !== null) await engine.close().catch(() => {});
-    await worker.shutdown().catch(() => {});
+    await engine.close().catch(() => {});
   }
 }
 
-function summarize(b: number, engine: EngineCore, executor: TimedExecutor): BatchResult {
+function summarize(b: number, threaded: boolean, engine: EngineUnderTest, window: MeasureWindow): BatchResult {
   const ring = new Map(engine.timings.recent().map((t) => [t.stepId, t]));
-  const ids = [...executor.records.keys()].sort((x, y) => x - y);
-  const series: Record<Phase, number[]> = Object.fromEntries(PHASES.map((p) => [p, [] as number[]])) as Record<Phase, number[]>;
+  const records = [...window.records].sort((x, y) => x.stepId - y.stepId);
+  const names = threaded ? THREAD_PHASES : MAIN_PHASES;
+  const series = new Map<Phase, number[]>(names.map((p) => [p, []]));
+  const push = (phase: Phase, value: number): void => void series.get(phase)?.push(value);
   const core: number[] = [];
   const worker: number[] = [];
   let tokens = 0;
-  for (let i = 0; i + 1 < ids.length; i++) {
-    const id = ids[i] as number;
-    const rec = executor.records.get(id) as StepRecord;
-    const next = executor.records.get(ids[i + 1] as number) as StepRecord;
-    const t = ring.get(id);
-    const tNext = ring.get(ids[i + 1] as number);
-    if (t === undefined || tNext === undefined) continue;
-    const step = next.callMs - rec.callMs;
-    const detok = next.detokBusyAtCall - rec.detokBusyAtCall;
+  let spanMs = 0;
+  let maxInFlight = 0;
+  for (let i = 0; i + 1 < records.length; i++) {
+    const rec = records[i] as StepRecord;
+    const next = records[i + 1] as StepRecord;
+    const t = ring.get(rec.stepId);
+    const tNext = ring.get(next.stepId);
+    if (t === undefined || tNext === undefined || !Number.isFinite(rec.stepMs)) continue;
     // Step k's period holds its round trip and processing and step k+1's scheduling and build.
     const schedule = tNext.scheduleMs;
     const build = tNext.buildMs;
-    const rtt = Math.max(0, t.roundTripMs - rec.encodeMs - rec.decodeMs);
-    series.schedule.push(schedule);
-    series.build.push(build);
-    series.encode.push(rec.encodeMs);
-    series.worker_round_trip.push(rtt);
-    series.decode.push(rec.decodeMs);
-    series.process.push(t.processMs);
-    series.detokenize.push(detok);
-    series.stream.push(Math.max(0, step - (t.roundTripMs + t.processMs + detok + schedule + build)));
-    series.step.push(step);
-    core.push(schedule + build + t.processMs);
+    push("schedule", schedule);
+    push("build", build);
+    push("encode", rec.encodeMs);
+    push("worker_round_trip", Math.max(0, t.roundTripMs - rec.encodeMs - rec.decodeMs));
+    push("decode", rec.decodeMs);
+    push("process", t.processMs);
+    push("step", rec.stepMs);
+    if (threaded) {
+      push("post", rec.postMs);
+      core.push(schedule + build + t.processMs + rec.postMs);
+    } else {
+      const atCall = window.detokAtCall.get(rec.stepId);
+      const atNext = window.detokAtCall.get(next.stepId);
+      const detok = atCall !== undefined && atNext !== undefined ? atNext - atCall : 0;
+      push("detokenize", detok);
+      push("stream", Math.max(0, rec.stepMs - (t.roundTripMs + t.processMs + detok + schedule + build)));
+      core.push(schedule + build + t.processMs);
+    }
     worker.push(rec.workerMs);
     tokens += rec.tokens;
+    spanMs += rec.stepMs;
+    maxInFlight = Math.max(maxInFlight, rec.inFlight);
   }
-  const first = executor.records.get(ids[0] as number);
-  const last = executor.records.get(ids[ids.length - 1] as number);
-  const spanMs = first !== undefined && last !== undefined ? last.callMs - first.callMs : Number.NaN;
-  const phases = Object.fromEntries(PHASES.map((p) => [p, percentiles(series[p])])) as Record<Phase, Percentiles>;
+  const phases: Partial<Record<Phase, Percentiles>> = {};
+  for (const [name, values] of series) phases[name] = percentiles(values);
   const coreP = percentiles(core);
+  const step = phases.step as Percentiles;
   return {
     batch_size: b,
-    steps: series.step.length,
+    engine_thread: threaded,
+    steps: series.get("step")?.length ?? 0,
     engine_core_ms_p50: coreP.p50,
     engine_core_ms_p99: coreP.p99,
-    step_ms_p50: phases.step.p50,
-    step_ms_p99: phases.step.p99,
+    step_ms_p50: step.p50,
+    step_ms_p99: step.p99,
     tokens_per_s: (tokens / spanMs) * 1000,
+    delivered_tokens_per_s: Number.NaN,
     worker_ms_p50: percentiles(worker).p50,
-    max_in_flight: executor.maxInFlight,
+    main_thread_busy: window.mainBusy,
+    max_in_flight: maxInFlight,
     phases,
   };
 }
 
 export interface CompareResult {
   batch_size: number;
-  sync_tokens_per_s: number;
-  async_tokens_per_s: number;
-  /** async / sync throughput. */
+  /** What was switched: "async" (overlap scheduling) or "engine-thread". */
+  what: string;
+  off_tokens_per_s: number;
+  on_tokens_per_s: number;
+  /** on / off throughput. */
   ratio: number;
-  sync_step_ms_p50: number;
-  async_step_ms_p50: number;
-  /** Steps in flight at once with overlap on; 1 means the engine did not overlap. */
-  async_max_in_flight: number;
+  off_step_ms_p50: number;
+  on_step_ms_p50: number;
 }
 
-/** The same workload with overlap scheduling off, then on (a fresh worker and engine each). */
-export async function runCompareAsync(options: Omit<OverheadOptions, "asyncScheduling">): Promise<CompareResult[]> {
-  const off = await runOverhead({ ...options, asyncScheduling: false });
-  const on = await runOverhead({ ...options, asyncScheduling: true });
+/** The same workload with a setting off, then on (a fresh worker and engine each). */
+export async function runCompare(what: "async" | "engine-thread", options: OverheadOptions): Promise<CompareResult[]> {
+  const set = (on: boolean): OverheadOptions => (what === "async" ? { ...options, asyncScheduling: on } : { ...options, engineThread: on });
+  const off = await runOverhead(set(false));
+  const on = await runOverhead(set(true));
   return off.map((s, i) => {
     const a = on[i] as BatchResult;
     return {
       batch_size: s.batch_size,
-      sync_tokens_per_s: s.tokens_per_s,
-      async_tokens_per_s: a.tokens_per_s,
+      what,
+      off_tokens_per_s: s.tokens_per_s,
+      on_tokens_per_s: a.tokens_per_s,
       ratio: a.tokens_per_s / s.tokens_per_s,
-      sync_step_ms_p50: s.step_ms_p50,
-      async_step_ms_p50: a.step_ms_p50,
-      async_max_in_flight: a.max_in_flight,
+      off_step_ms_p50: s.step_ms_p50,
+      on_step_ms_p50: a.step_ms_p50,
     };
   });
 }

@@ -35,6 +35,8 @@ export interface ServeOptions {
   enablePrefixCaching: boolean;
   /** Overlap scheduling: the engine builds step N+1 while the worker runs N (--no-async-scheduling turns it off). */
   asyncScheduling: boolean;
+  /** The engine core in its own thread (--no-engine-thread: on the main event loop with the HTTP server). */
+  engineThread: boolean;
   /** fcfs: arrival order (a request's non-zero priority is refused); priority: lower `priority` first. */
   schedulingPolicy: SchedulingPolicy;
   /** Bearer key for every route but /health (--api-key, else BATON_API_KEY); null: no auth. */
@@ -79,6 +81,8 @@ const SERVE_FLAGS = {
   "no-enable-prefix-caching": { type: "boolean" },
   "async-scheduling": { type: "boolean" },
   "no-async-scheduling": { type: "boolean" },
+  "engine-thread": { type: "boolean" },
+  "no-engine-thread": { type: "boolean" },
   "scheduling-policy": { type: "string" },
   "api-key": { type: "string" },
   "log-level": { type: "string" },
@@ -168,6 +172,9 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
   if (values["async-scheduling"] && values["no-async-scheduling"]) {
     throw new UsageError("--async-scheduling and --no-async-scheduling contradict each other");
   }
+  if (values["engine-thread"] && values["no-engine-thread"]) {
+    throw new UsageError("--engine-thread and --no-engine-thread contradict each other");
+  }
   const servedModelName = values["served-model-name"];
   if (servedModelName !== undefined && servedModelName.trim() === "") throw new UsageError("--served-model-name must not be empty");
   const port = intFlag(values.port, "port", 0, SERVE_DEFAULTS.port);
@@ -195,6 +202,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       loadFormat: choice(values["load-format"], "load-format", LOAD_FORMATS, SERVE_DEFAULTS.loadFormat),
       enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
       asyncScheduling: values["no-async-scheduling"] !== true,
+      engineThread: values["no-engine-thread"] !== true,
       schedulingPolicy: choice(values["scheduling-policy"], "scheduling-policy", SCHEDULING_POLICIES, "fcfs"),
       apiKey,
       logLevel: choice(values["log-level"], "log-level", LOG_LEVELS, SERVE_DEFAULTS.logLevel),
@@ -238,6 +246,8 @@ Options (vLLM's names; --flag value or --flag=value):
   --load-format auto|dummy-null    dummy-null: skip loading weights (for tests and benchmarks)
   --no-enable-prefix-caching       turn prefix caching off
   --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
+  --no-engine-thread               run the engine core on the HTTP server's event loop instead of
+                                   its own thread (default: its own thread)
   --scheduling-policy fcfs|priority   priority: requests with a lower \`priority\` field run first (default fcfs)
   --max-num-queued-requests N      new requests get 429 while N wait (default ${SERVE_DEFAULTS.maxNumQueuedRequests})
   --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)

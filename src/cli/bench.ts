@@ -4,7 +4,7 @@
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { PHASES, runCompareAsync, runOverhead, type BatchResult, type CompareResult } from "../bench/overhead.js";
+import { MAIN_PHASES, THREAD_PHASES, runCompare, runOverhead, type BatchResult, type CompareResult } from "../bench/overhead.js";
 import { UsageError } from "./args.js";
 
 export const BENCH_HELP = `Usage: baton bench overhead [model-dir] [options]
@@ -14,16 +14,23 @@ max_tokens) through the real HTTP server and engine core against a Python
 worker in the dummy-null load format (no model: each token is the last + 1),
 and reports per-step times (p50/p99) of each control-plane phase, with
 overlap scheduling off so that the phases of one step add up to the step.
-model-dir defaults to models/demo; only its tokenizer and config are used.
+model-dir defaults to models/demo; only its tokenizer and config are used
+(with --load-format auto its weights too).
 
 Options:
-  --batch-sizes LIST   comma-separated B values (default 1,16,64,256,1024)
-  --steps N            measured decode steps per B (default 200)
-  --warmup N           steps skipped once all B requests run (default 20)
-  --json               print one JSON object keyed by B
-  --compare-async      run the workload with overlap scheduling off, then on,
-                       and print the throughput ratio (EngineConfig.asyncScheduling)
-  -h, --help           show this help
+  --batch-sizes LIST     comma-separated B values (default 1,16,64,256,1024)
+  --steps N              measured decode steps per B (default 200)
+  --warmup N             steps skipped once all B requests run (default 20)
+  --json                 print one JSON object keyed by B
+  --no-engine-thread     run the engine core on the main thread (as serve
+                         --no-engine-thread does); default: its own thread
+  --load-format F        dummy-null (default: no model) or auto (the model's
+                         real forward pass)
+  --compare WHAT         run the workload with WHAT off, then on, and print
+                         the throughput ratio: async (overlap scheduling) or
+                         engine-thread
+  --compare-async        the same as --compare async
+  -h, --help             show this help
 `;
 
 export interface BenchArgs {
@@ -33,7 +40,9 @@ export interface BenchArgs {
   steps: number;
   warmup: number;
   json: boolean;
-  compareAsync: boolean;
+  engineThread: boolean;
+  loadFormat: "dummy-null" | "auto";
+  compare: "async" | "engine-thread" | null;
 }
 
 function positiveInt(text: string, flag: string): number {
@@ -45,7 +54,7 @@ function positiveInt(text: string, flag: string): number {
 export function parseBenchArgs(args: readonly string[]): BenchArgs {
   const [sub, ...rest] = args;
   if (sub === undefined || sub === "--help" || sub === "-h") {
-    return { help: true, modelDir: null, batchSizes: [], steps: 0, warmup: 0, json: false, compareAsync: false };
+    return { help: true, modelDir: null, batchSizes: [], steps: 0, warmup: 0, json: false, engineThread: true, loadFormat: "dummy-null", compare: null };
   }
   if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: overhead)`);
   let parsed;
@@ -60,6 +69,10 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
         warmup: { type: "string" },
         json: { type: "boolean" },
         "compare-async": { type: "boolean" },
+        compare: { type: "string" },
+        "engine-thread": { type: "boolean" },
+        "no-engine-thread": { type: "boolean" },
+        "load-format": { type: "string" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -69,6 +82,13 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
   const { values, positionals } = parsed;
   if (positionals.length > 1) throw new UsageError(`expected at most one model directory, got ${positionals.join(" ")}`);
   const batchSizes = (values["batch-sizes"] ?? "1,16,64,256,1024").split(",").map((s) => positiveInt(s.trim(), "batch-sizes"));
+  const compare = values["compare-async"] === true ? "async" : (values.compare ?? null);
+  if (compare !== null && compare !== "async" && compare !== "engine-thread") {
+    throw new UsageError(`invalid value '${compare}' for --compare: expected async or engine-thread`);
+  }
+  const loadFormat = values["load-format"] ?? "dummy-null";
+  if (loadFormat !== "dummy-null" && loadFormat !== "auto") throw new UsageError(`invalid value '${loadFormat}' for --load-format: expected dummy-null or auto`);
+  if (values["engine-thread"] === true && values["no-engine-thread"] === true) throw new UsageError("--engine-thread and --no-engine-thread contradict each other");
   return {
     help: values.help === true,
     modelDir: positionals[0] ?? null,
@@ -76,7 +96,9 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
     steps: values.steps === undefined ? 200 : positiveInt(values.steps, "steps"),
     warmup: values.warmup === undefined ? 20 : positiveInt(values.warmup, "warmup"),
     json: values.json === true,
-    compareAsync: values["compare-async"] === true,
+    engineThread: values["no-engine-thread"] !== true,
+    loadFormat,
+    compare,
   };
 }
 
@@ -86,14 +108,17 @@ function overheadJson(results: BatchResult[]): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   for (const r of results) {
     const phases: Record<string, { p50: number; p99: number }> = {};
-    for (const p of PHASES) phases[p] = { p50: round(r.phases[p].p50), p99: round(r.phases[p].p99) };
+    for (const [p, v] of Object.entries(r.phases)) phases[p] = { p50: round(v.p50), p99: round(v.p99) };
     out[String(r.batch_size)] = {
       engine_core_ms_p50: round(r.engine_core_ms_p50),
       engine_core_ms_p99: round(r.engine_core_ms_p99),
       step_ms_p50: round(r.step_ms_p50),
       step_ms_p99: round(r.step_ms_p99),
       tokens_per_s: Math.round(r.tokens_per_s),
+      delivered_tokens_per_s: Math.round(r.delivered_tokens_per_s),
       worker_ms_p50: round(r.worker_ms_p50),
+      main_thread_busy: round(r.main_thread_busy),
+      engine_thread: r.engine_thread,
       steps: r.steps,
       max_in_flight: r.max_in_flight,
       phases,
@@ -103,23 +128,27 @@ function overheadJson(results: BatchResult[]): Record<string, unknown> {
 }
 
 function overheadTable(results: BatchResult[]): string {
-  const cols = ["B", ...PHASES.map((p) => `${p} p50/p99`), "engine_core p50/p99", "tok/s"];
+  const threaded = results[0]?.engine_thread ?? true;
+  const phases = threaded ? THREAD_PHASES : MAIN_PHASES;
+  const cols = ["B", ...phases.map((p) => `${p} p50/p99`), "engine_core p50/p99", "main busy", "tok/s generated", "tok/s received"];
   const rows = results.map((r) => [
     String(r.batch_size),
-    ...PHASES.map((p) => `${r.phases[p].p50.toFixed(3)}/${r.phases[p].p99.toFixed(3)}`),
+    ...phases.map((p) => `${r.phases[p]?.p50.toFixed(3)}/${r.phases[p]?.p99.toFixed(3)}`),
     `${r.engine_core_ms_p50.toFixed(3)}/${r.engine_core_ms_p99.toFixed(3)}`,
+    `${Math.round(r.main_thread_busy * 100)}%`,
     String(Math.round(r.tokens_per_s)),
+    String(Math.round(r.delivered_tokens_per_s)),
   ]);
   const lines = [`| ${cols.join(" | ")} |`, `|${cols.map(() => " --- ").join("|")}|`, ...rows.map((r) => `| ${r.join(" | ")} |`)];
-  return `per-step times in ms (p50/p99)\n${lines.join("\n")}\n`;
+  const where = threaded ? "engine core in its own thread" : "engine core on the main thread";
+  return `per-step times in ms (p50/p99), ${where}\n${lines.join("\n")}\n`;
 }
 
 function compareText(results: CompareResult[]): string {
   const lines = results.map(
     (r) =>
-      `B=${r.batch_size}: sync ${Math.round(r.sync_tokens_per_s)} tok/s (step p50 ${r.sync_step_ms_p50.toFixed(3)} ms), ` +
-      `async ${Math.round(r.async_tokens_per_s)} tok/s (step p50 ${r.async_step_ms_p50.toFixed(3)} ms), ratio ${r.ratio.toFixed(3)}` +
-      (r.async_max_in_flight < 2 ? "  [the engine never had 2 steps in flight: asyncScheduling is not implemented or not on]" : ""),
+      `B=${r.batch_size}: ${r.what} off ${Math.round(r.off_tokens_per_s)} tok/s (step p50 ${r.off_step_ms_p50.toFixed(3)} ms), ` +
+      `on ${Math.round(r.on_tokens_per_s)} tok/s (step p50 ${r.on_step_ms_p50.toFixed(3)} ms), ratio on/off ${r.ratio.toFixed(3)}`,
   );
   return `${lines.join("\n")}\n`;
 }
@@ -131,9 +160,9 @@ export async function runBench(args: BenchArgs, repoRoot: string): Promise<numbe
     return 1;
   }
   const log = (line: string): void => void process.stderr.write(`bench: ${line}\n`);
-  const options = { modelDir, batchSizes: args.batchSizes, steps: args.steps, warmupSteps: args.warmup, log };
-  if (args.compareAsync) {
-    const results = await runCompareAsync(options);
+  const options = { modelDir, batchSizes: args.batchSizes, steps: args.steps, warmupSteps: args.warmup, engineThread: args.engineThread, loadFormat: args.loadFormat, log };
+  if (args.compare !== null) {
+    const results = await runCompare(args.compare, options);
     if (args.json) process.stdout.write(`${JSON.stringify(Object.fromEntries(results.map((r) => [String(r.batch_size), r])))}\n`);
     else process.stdout.write(compareText(results));
     return 0;

@@ -7,13 +7,13 @@ import { existsSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { join } from "node:path";
 import { ModelDirError, readModelDir, type ModelDirInfo } from "../config/model-dir.js";
-import { EngineCore } from "../engine/engine-core.js";
+import { startServingEngine } from "../engine-host/start.js";
+import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
 import { serviceUnavailable } from "../frontend/openai-error.js";
 import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
-import { shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
-import { WorkerStartError, type WorkerClient } from "../worker/types.js";
+import { WorkerStartError } from "../worker/types.js";
 import type { ServeOptions } from "./args.js";
 import { createLogger, type Logger } from "../observability/logger.js";
 import { BatonMetrics } from "../observability/metrics.js";
@@ -103,9 +103,10 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   const chatTemplate = loadChatTemplate(info);
 
   let stopping = false;
-  let worker: WorkerClient | null = null;
-  let engine: EngineCore | null = null;
+  let engine: ServingEngine | null = null;
   let server: BatonServer | null = null;
+  // Aborted by a signal that comes while the worker is still loading.
+  const starting = new AbortController();
   let resolveExit: (code: number) => void = () => {};
   const exited = new Promise<number>((resolve) => {
     resolveExit = resolve;
@@ -124,10 +125,10 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       server.failInFlight(serviceUnavailable("the server is shutting down"));
       await withTimeout(server.app.close(), CLOSE_TIMEOUT_MS);
     }
-    if (engine !== null) await withTimeout(engine.close(), CLOSE_TIMEOUT_MS).catch(() => {});
-    if (worker !== null) await worker.shutdown().catch(() => {});
-    // A worker still loading when the signal came is not in `worker` yet.
-    await shutdownAllWorkers().catch(() => {});
+    // Ends live requests, then shuts the model worker down (its own grace period bounds this).
+    if (engine !== null) await engine.close().catch(() => {});
+    // A worker still loading when the signal came is stopped through the start's signal.
+    starting.abort();
     resolveExit(0);
   };
   const onSignal = (signal: NodeJS.Signals): void => {
@@ -139,17 +140,27 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   // A progress bar for weight loading, only where a person watches.
   const progressBar = process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr) : null;
   try {
-    worker = await startWorker({
-      modelDir: info.dir,
-      blockSize: options.blockSize,
-      numBlocks: options.numGpuBlocksOverride,
-      kvCacheMemoryBytes: options.kvCacheMemoryBytes,
-      maxModelLen: options.maxModelLen,
-      dtype: options.dtype,
-      device: options.device,
-      seed: options.seed,
-      loadFormat: options.loadFormat,
-      onLoadProgress: progressBar?.update,
+    engine = await startServingEngine({
+      worker: {
+        modelDir: info.dir,
+        blockSize: options.blockSize,
+        numBlocks: options.numGpuBlocksOverride,
+        kvCacheMemoryBytes: options.kvCacheMemoryBytes,
+        maxModelLen: options.maxModelLen,
+        dtype: options.dtype,
+        device: options.device,
+        seed: options.seed,
+        loadFormat: options.loadFormat,
+        onLoadProgress: progressBar?.update,
+      },
+      engine: {
+        maxNumSeqs: options.maxNumSeqs,
+        maxNumBatchedTokens: options.maxNumBatchedTokens,
+        enablePrefixCaching: options.enablePrefixCaching,
+        asyncScheduling: options.asyncScheduling,
+      },
+      engineThread: options.engineThread,
+      signal: starting.signal,
     });
     progressBar?.finish();
   } catch (error) {
@@ -157,30 +168,16 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     if (stopping) return exited;
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
-    const message = error instanceof WorkerStartError ? error.message : (error as Error).message;
-    throw new ServeError(`worker failed to start: ${message}`);
+    if (error instanceof WorkerStartError) throw new ServeError(`worker failed to start: ${error.message}`);
+    if (error instanceof EngineStartError) throw new ServeError(error.message);
+    throw error;
   }
   if (stopping) {
-    await worker.shutdown().catch(() => {});
+    await engine.close().catch(() => {});
     return exited;
   }
 
-  const ready = worker.ready;
-  try {
-    engine = new EngineCore(worker, {
-      maxNumSeqs: options.maxNumSeqs,
-      maxNumBatchedTokens: options.maxNumBatchedTokens,
-      maxModelLen: ready.max_model_len,
-      blockSize: ready.block_size,
-      numBlocks: ready.num_blocks,
-      enablePrefixCaching: options.enablePrefixCaching,
-      asyncScheduling: options.asyncScheduling,
-    });
-  } catch (error) {
-    await worker.shutdown().catch(() => {});
-    throw new ServeError(`cannot start the engine: ${(error as Error).message}`);
-  }
-
+  const ready = engine.ready;
   server = buildServer({
     engine,
     tokenizer,
@@ -200,7 +197,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   });
   const liveServer = server;
   const liveEngine = engine;
-  worker.onDeath((exit) => {
+  engine.onWorkerDeath((exit) => {
     if (stopping) return;
     // Restarting comes later; until then the server stays up and says why it cannot serve.
     const reason = `the model worker died (${exit.signal ?? `exit code ${exit.code}`}): ${exit.message}`;
@@ -212,8 +209,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   try {
     await server.app.listen({ host: options.host, port: options.port });
   } catch (error) {
-    await withTimeout(engine.close(), CLOSE_TIMEOUT_MS).catch(() => {});
-    await worker.shutdown().catch(() => {});
+    await engine.close().catch(() => {});
     throw new ServeError(`cannot listen on ${options.host}:${options.port}: ${(error as Error).message}`);
   }
   if (stopping) return exited;

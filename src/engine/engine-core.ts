@@ -373,24 +373,9 @@ export class EngineCore {
   // ------------------------------------------------------------ checks
 
   private validate(req: EngineRequest): void {
-    const reject = (why: string): never => {
-      throw new RequestRejectedError(`request ${req.id}: ${why}`);
-    };
-    if (this.closed) reject("the engine is shutting down");
-    if (this.requests.has(req.id)) reject("a request with this id is already running");
-    const prompt = req.promptIds;
-    if (prompt.length === 0) reject("the prompt is empty");
-    if (prompt.length > this.config.maxModelLen) {
-      reject(`the prompt has ${prompt.length} tokens, more than the maximum model length ${this.config.maxModelLen}`);
-    }
-    const capacity = this.config.numBlocks * this.config.blockSize;
-    if (prompt.length > capacity) reject(`the prompt has ${prompt.length} tokens, more than the whole KV cache holds (${capacity})`);
-    const vocabSize = this.executor.ready.vocab_size;
-    for (let i = 0; i < prompt.length; i++) {
-      const t = prompt[i] as number;
-      if (!Number.isInteger(t) || t < 0 || t >= vocabSize) reject(`prompt token ${i} (${t}) is outside the vocabulary [0, ${vocabSize})`);
-    }
-    if (!Number.isInteger(req.stop.maxTokens) || req.stop.maxTokens < 1) reject(`maxTokens must be a positive integer, got ${req.stop.maxTokens}`);
+    if (this.closed) throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
+    if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    checkSubmittable(req, { ...this.config, vocabSize: this.executor.ready.vocab_size });
   }
 
   private checkExecutor(executor: StepExecutor): void {
@@ -412,6 +397,38 @@ export class EngineCore {
 }
 
 // ------------------------------------------------------------ helpers
+
+/** What decides whether a request can ever run. */
+export interface SubmitLimits {
+  maxModelLen: number;
+  numBlocks: number;
+  blockSize: number;
+  vocabSize: number;
+}
+
+/**
+ * Throws RequestRejectedError for a request that can never run: an empty
+ * prompt, a token outside the vocabulary, maxTokens < 1, a prompt longer than
+ * maxModelLen or than the whole KV cache. (The engine thread's proxy checks
+ * the same on the main thread, so a refusal stays synchronous there too.)
+ */
+export function checkSubmittable(req: EngineRequest, limits: SubmitLimits): void {
+  const reject = (why: string): never => {
+    throw new RequestRejectedError(`request ${req.id}: ${why}`);
+  };
+  const prompt = req.promptIds;
+  if (prompt.length === 0) reject("the prompt is empty");
+  if (prompt.length > limits.maxModelLen) {
+    reject(`the prompt has ${prompt.length} tokens, more than the maximum model length ${limits.maxModelLen}`);
+  }
+  const capacity = limits.numBlocks * limits.blockSize;
+  if (prompt.length > capacity) reject(`the prompt has ${prompt.length} tokens, more than the whole KV cache holds (${capacity})`);
+  for (let i = 0; i < prompt.length; i++) {
+    const t = prompt[i] as number;
+    if (!Number.isInteger(t) || t < 0 || t >= limits.vocabSize) reject(`prompt token ${i} (${t}) is outside the vocabulary [0, ${limits.vocabSize})`);
+  }
+  if (!Number.isInteger(req.stop.maxTokens) || req.stop.maxTokens < 1) reject(`maxTokens must be a positive integer, got ${req.stop.maxTokens}`);
+}
 
 /** The worker must answer this step, one token per sampled row in row order. */
 function checkResult(step: StepMessage, result: StepResultMessage): void {

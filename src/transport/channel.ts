@@ -141,10 +141,15 @@ export class EngineChannel {
   }
 
   /**
-   * Synchronous last-resort cleanup for process 'exit' hooks, where close()
-   * cannot be awaited: removes the ipc socket directory.
+   * Synchronous last-resort cleanup for 'exit' hooks, where close() cannot be
+   * awaited: closes both sockets and removes the ipc socket directory. (A
+   * thread must not end with its sockets open: zeromq.js aborts the process,
+   * zeromq/zeromq.js#411.)
    */
-  removeSocketFilesSync(): void {
+  closeSync(): void {
+    this.closed = true;
+    this.push.close();
+    this.pull.close();
     if (this.tempDir !== null) rmSync(this.tempDir, { recursive: true, force: true });
   }
 

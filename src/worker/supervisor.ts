@@ -67,9 +67,15 @@ function installExitHook(): void {
   if (exitHookInstalled) return;
   exitHookInstalled = true;
   // 'exit' handlers must be synchronous: SIGKILL is the only thing that fits.
-  process.on("exit", () => {
-    for (const worker of live) worker.killAndCleanSync();
-  });
+  process.on("exit", killAllWorkersSync);
+}
+
+/**
+ * Kills every worker this thread started and closes their sockets, synchronously
+ * (exit hooks; an engine thread told to stop at once).
+ */
+export function killAllWorkersSync(): void {
+  for (const worker of live) worker.killAndCleanSync();
 }
 
 /** Shuts down every worker this process started; for SIGINT/SIGTERM handlers. */
@@ -287,10 +293,10 @@ class SupervisedWorker implements WorkerClient {
     killGroup(this.child, "SIGKILL");
   }
 
-  /** For the process 'exit' hook: kill and remove socket files, synchronously. */
+  /** For 'exit' hooks: kill, close the sockets and remove their files, synchronously. */
   killAndCleanSync(): void {
     this.killNow();
-    this.channel.removeSocketFilesSync();
+    this.channel.closeSync();
   }
 
   private killAfter(ms: number): void {

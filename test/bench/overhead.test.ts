@@ -11,10 +11,14 @@ import { fileURLToPath } from "node:url";
 
 const repoRoot = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 const demo = join(repoRoot, "models", "demo", "tokenizer.json");
-const PHASES = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "detokenize", "stream", "step"];
+const COMMON = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "step"];
+const PLACEMENTS = [
+  { name: "engine thread", flags: [], phases: [...COMMON, "post"] },
+  { name: "main thread", flags: ["--no-engine-thread"], phases: [...COMMON, "detokenize", "stream"] },
+];
 
-test("bench overhead --json reports per-phase p50/p99 for each batch size", { skip: !existsSync(demo) && "no demo model (npm run setup)", timeout: 120_000 }, () => {
-  const run = spawnSync(process.execPath, [join(repoRoot, "bin", "baton.mjs"), "bench", "overhead", "--batch-sizes", "1,4", "--steps", "5", "--warmup", "2", "--json"], {
+for (const { name, flags, phases: PHASES } of PLACEMENTS) test(`bench overhead --json reports per-phase p50/p99 for each batch size (${name})`, { skip: !existsSync(demo) && "no demo model (npm run setup)", timeout: 120_000 }, () => {
+  const run = spawnSync(process.execPath, [join(repoRoot, "bin", "baton.mjs"), "bench", "overhead", "--batch-sizes", "1,4", "--steps", "5", "--warmup", "2", "--json", ...flags], {
     cwd: repoRoot,
     encoding: "utf8",
     timeout: 110_000,
@@ -31,7 +35,10 @@ test("bench overhead --json reports per-phase p50/p99 for each batch size", { sk
     assert.ok(Number.isFinite(value as number) && (value as number) >= 0, `${what} = ${String(value)}`);
   };
   for (const [b, r] of Object.entries(report)) {
-    for (const key of ["engine_core_ms_p50", "engine_core_ms_p99", "step_ms_p50", "step_ms_p99", "tokens_per_s"]) positive(r[key], `B=${b} ${key}`);
+    for (const key of ["engine_core_ms_p50", "engine_core_ms_p99", "step_ms_p50", "step_ms_p99", "tokens_per_s", "main_thread_busy"]) positive(r[key], `B=${b} ${key}`);
+    // Counted by the clients over a window of a few steps: may be 0, never negative or missing.
+    finite(r.delivered_tokens_per_s, `B=${b} delivered_tokens_per_s`);
+    assert.equal(r.engine_thread, flags.length === 0);
     assert.ok((r.steps as number) >= 4, `B=${b} measured ${String(r.steps)} steps`);
     const phases = r.phases as Record<string, { p50: number; p99: number }>;
     assert.deepEqual(Object.keys(phases).sort(), [...PHASES].sort());

@@ -42,6 +42,7 @@ describe("parseServeArgs", () => {
       maxRequestBodyBytes: 64 * 1024 * 1024,
       asyncScheduling: true,
       schedulingPolicy: "fcfs",
+      engineThread: true,
     });
   });
 
@@ -52,6 +53,12 @@ describe("parseServeArgs", () => {
     assert.equal(parseServeArgs(["--async-scheduling"]).options.asyncScheduling, true);
     assert.throws(() => parseServeArgs(["--scheduling-policy", "lifo"]), UsageError);
     assert.throws(() => parseServeArgs(["--async-scheduling", "--no-async-scheduling"]), UsageError);
+  });
+
+  test("--no-engine-thread", () => {
+    assert.equal(parseServeArgs(["--no-engine-thread"]).options.engineThread, false);
+    assert.equal(parseServeArgs(["--engine-thread"]).options.engineThread, true);
+    assert.throws(() => parseServeArgs(["--engine-thread", "--no-engine-thread"]), UsageError);
   });
 
   test("every flag, with = and underscore spellings", () => {

@@ -3,26 +3,32 @@
 
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import { complete, tracesPath, type GoldenTrace } from "./golden-traces.js";
 import { demoModelDir, startServer, type RunningServer } from "./harness.js";
 
 const { traces } = JSON.parse(readFileSync(tracesPath, "utf8")) as { traces: GoldenTrace[] };
-let server: RunningServer | null = null;
 
-before(async () => {
-  server = await startServer([demoModelDir, "--served-model-name", "baton-demo", "--max-num-batched-tokens", "32"]);
-});
+// The engine core in its own thread (default) and on the main thread give the same tokens.
+for (const flags of [[], ["--no-engine-thread"]]) {
+  describe(`golden traces ${flags.join(" ") || "(engine thread)"}`, () => {
+    let server: RunningServer | null = null;
 
-after(async () => {
-  await server?.stop();
-});
+    before(async () => {
+      server = await startServer([demoModelDir, "--served-model-name", "baton-demo", "--max-num-batched-tokens", "32", ...flags]);
+    });
 
-test("golden traces replay exactly, batched together", async () => {
-  assert.ok(traces.length >= 6);
-  const results = await Promise.all(traces.map((t) => complete(server!.url, t.prompt_ids, t.params)));
-  traces.forEach((trace, i) => {
-    assert.deepEqual(results[i]!.ids, trace.expected_ids, `${trace.name}: token ids`);
-    assert.equal(results[i]!.finish, trace.finish_reason, `${trace.name}: finish reason`);
+    after(async () => {
+      await server?.stop();
+    });
+
+    test("golden traces replay exactly, batched together", async () => {
+      assert.ok(traces.length >= 6);
+      const results = await Promise.all(traces.map((t) => complete(server!.url, t.prompt_ids, t.params)));
+      traces.forEach((trace, i) => {
+        assert.deepEqual(results[i]!.ids, trace.expected_ids, `${trace.name}: token ids`);
+        assert.equal(results[i]!.finish, trace.finish_reason, `${trace.name}: finish reason`);
+      });
+    });
   });
-});
+}

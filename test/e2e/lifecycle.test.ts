@@ -8,6 +8,14 @@ import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { demoModelDir, processesMatching, removeDir, runCli, startServer, tempDir } from "./harness.js";
 
+async function waitFor(condition: () => boolean, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`condition not met within ${timeoutMs} ms`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
 const dirs: string[] = [];
 after(() => dirs.forEach(removeDir));
 
@@ -62,10 +70,15 @@ describe("start-up failures", () => {
 });
 
 describe("shutdown", () => {
-  for (const signal of ["SIGTERM", "SIGINT"] as const) {
-    test(`${signal} stops the server and its worker`, async () => {
+  const cases = [
+    { signal: "SIGTERM", flags: [] },
+    { signal: "SIGINT", flags: [] },
+    { signal: "SIGTERM", flags: ["--no-engine-thread"] },
+  ] as const;
+  for (const { signal, flags } of cases) {
+    test(`${signal} stops the server and its worker ${flags.join(" ")}`, async () => {
       const dir = brokenModel(`signal-${signal}`, () => {});
-      const server = await startServer([dir, "--served-model-name", "sig"]);
+      const server = await startServer([dir, "--served-model-name", "sig", ...flags]);
       try {
         const workers = processesMatching(dir).filter((pid) => pid !== server.proc.pid);
         assert.equal(workers.length, 1, "one worker process runs the model");
@@ -84,4 +97,30 @@ describe("shutdown", () => {
       }
     });
   }
+
+  test("a second signal exits at once, without a crash or a worker left behind", async () => {
+    const dir = brokenModel("signal-twice", () => {});
+    const server = await startServer([dir, "--served-model-name", "sig"]);
+    try {
+      // A long request keeps the engine busy so the first signal's shutdown is still running.
+      const pending = fetch(`${server.url}/v1/completions`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: "sig", prompt: "hello", max_tokens: 2000, ignore_eos: true, stream: true }),
+      }).then((r) => r.body?.cancel(), () => undefined);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+        server.proc.once("exit", (code, sig) => resolve({ code, signal: sig })),
+      );
+      server.proc.kill("SIGTERM");
+      server.proc.kill("SIGTERM");
+      const { code, signal } = await exited;
+      assert.equal(signal, null, "not killed by a signal (no abort)");
+      assert.ok(code === 0 || code === 1, `exit code ${code}`);
+      await pending;
+      await waitFor(() => processesMatching(dir).length === 0, 5000);
+    } finally {
+      await server.stop();
+    }
+  });
 });

@@ -1,0 +1,352 @@
+// The main thread's handle on an engine core running in its own thread
+// (thread-main.ts). It looks like EngineCore to the frontend and the metrics
+// (submit, abort, stats, timings) but the step loop, the scheduler, the KV
+// block manager and the link to the Python worker live in the engine thread.
+//
+// Why: one event loop that also writes every token to every client socket
+// makes the next step wait for those writes (at 256 streams, several times
+// the engine's own cost per step). In its own thread the engine keeps
+// stepping while the frontend streams. When the frontend falls behind, the
+// outputs of several steps reach a request as one output with several tokens
+// (one SSE chunk instead of several), so it catches up instead of queueing.
+//
+// Requests are checked here before they are posted (same rules as
+// EngineCore.submit, synchronously), so a refusal is still an exception at
+// submit time.
+
+import { once } from "node:events";
+import { Worker } from "node:worker_threads";
+import { checkSubmittable, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import { StepTimingRing } from "../engine/step-timings.js";
+import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
+import type { ReadyMessage } from "../transport/messages.js";
+import { WorkerStartError, type WorkerExit } from "../worker/types.js";
+import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, StepRecord } from "./messages.js";
+import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+
+export interface EngineThreadOptions extends ServingEngineOptions {
+  /** Benchmarks: the engine thread times every step and reports it through onStepRecords. */
+  recordSteps?: boolean;
+  onStepRecords?: (records: StepRecord[], stats: EngineStats) => void;
+  /** How long close() waits for the thread before terminating it (default 15000 ms). */
+  closeTimeoutMs?: number;
+}
+
+interface LiveRequest {
+  id: string;
+  onOutput: OutputCallback;
+}
+
+const HOST_URL = new URL("./thread-main.js", import.meta.url);
+/** How long an exit hook waits for a thread to kill its worker and close its sockets. */
+const EXIT_NOW_WAIT_MS = 2_000;
+
+/** Engine threads still running, for the process 'exit' hook. */
+const liveThreads = new Set<Worker>();
+let exitHookInstalled = false;
+
+/**
+ * Tells the thread to kill its worker and close its sockets, and waits (blocking)
+ * until it has: a thread torn down with open ZeroMQ sockets aborts the whole
+ * process (zeromq/zeromq.js#411), and 'exit' hooks cannot await.
+ */
+function exitNowSync(thread: Worker): void {
+  const done = new SharedArrayBuffer(4);
+  thread.postMessage({ kind: "exit-now", done } satisfies MainToEngineMessage);
+  Atomics.wait(new Int32Array(done), 0, 0, EXIT_NOW_WAIT_MS);
+}
+
+function installExitHook(): void {
+  if (exitHookInstalled) return;
+  exitHookInstalled = true;
+  process.on("exit", () => {
+    for (const thread of liveThreads) exitNowSync(thread);
+  });
+}
+
+/** Resolves when the thread has exited, or after ms. */
+async function exitedWithin(thread: Worker, ms: number): Promise<void> {
+  if (!liveThreads.has(thread)) return;
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([once(thread, "exit"), new Promise((resolve) => (timer = setTimeout(resolve, ms)))]);
+  clearTimeout(timer);
+}
+
+/** Stops a thread (after giving it graceMs to end by itself): its worker and sockets first. */
+async function stopThread(thread: Worker, graceMs = 0): Promise<void> {
+  await exitedWithin(thread, graceMs);
+  if (!liveThreads.has(thread)) return;
+  const exited = exitedWithin(thread, EXIT_NOW_WAIT_MS);
+  exitNowSync(thread);
+  await exited;
+  // Last resort (the thread did not answer): may abort the process if its sockets are open.
+  if (liveThreads.has(thread)) await thread.terminate();
+}
+
+/** The engine core in its own thread; see the top of this file. */
+export class EngineThread implements ServingEngine {
+  readonly timings: StepTimingRing;
+  private latest: EngineStats;
+  private numSubmitsPosted = 0;
+  private numSubmitsTaken = 0;
+  private nextHandle = 1;
+  private readonly live = new Map<number, LiveRequest>();
+  private readonly handles = new Map<string, number>();
+  /** Outputs received and not yet delivered, merged per request (see deliver()). */
+  private readonly pending = new Map<number, RequestOutput>();
+  private deliveryScheduled = false;
+  private readonly deathListeners: ((exit: WorkerExit) => void)[] = [];
+  private state: "running" | "closing" | "closed" = "running";
+  private closing: Promise<void> | null = null;
+  private readonly exited: Promise<void>;
+
+  private constructor(
+    private readonly thread: Worker,
+    readonly ready: ReadyMessage,
+    /** The model worker's process id. */
+    readonly pid: number,
+    readonly config: EngineConfig,
+    private readonly options: EngineThreadOptions,
+  ) {
+    this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
+    this.latest = {
+      numRunning: 0,
+      numWaiting: 0,
+      numFreeBlocks: config.numBlocks,
+      numCachedBlocks: 0,
+      numUsedBlocks: 0,
+      numBlocks: config.numBlocks,
+      numPreemptions: 0,
+      numSteps: 0,
+      numPrefixQueryTokens: 0,
+      numPrefixHitTokens: 0,
+      numCallbackErrors: 0,
+    };
+    this.exited = once(thread, "exit").then(() => undefined);
+    thread.on("message", (message: EngineToMainMessage) => this.onMessage(message));
+    thread.on("error", (error: Error) => this.failAll(`the engine thread failed: ${error.message}`));
+    void this.exited.then(() => {
+      if (this.state === "running") this.failAll("the engine thread exited");
+      this.state = "closed";
+    });
+  }
+
+  /** Starts the thread, the model worker and the engine; rejects with WorkerStartError when the worker cannot start. */
+  static async start(options: EngineThreadOptions): Promise<EngineThread> {
+    const { onLoadProgress, ...worker } = options.worker;
+    const init: EngineThreadInit = {
+      worker: { ...worker, reportLoadProgress: onLoadProgress !== undefined },
+      engine: options.engine,
+      recordSteps: options.recordSteps ?? false,
+    };
+    // Flags about the main entry point (e.g. --input-type of `node -e`) would make the thread's own start fail.
+    const execArgv = process.execArgv.filter((arg) => !arg.startsWith("--input-type"));
+    const thread = new Worker(HOST_URL, { workerData: init, execArgv });
+    installExitHook();
+    liveThreads.add(thread);
+    thread.once("exit", () => liveThreads.delete(thread));
+    // Stopping while the worker loads: the thread shuts it down and answers start-failed.
+    const onAbort = (): void => thread.postMessage({ kind: "close" } satisfies MainToEngineMessage);
+    options.signal?.addEventListener("abort", onAbort, { once: true });
+    const first = await new Promise<EngineToMainMessage>((resolve, reject) => {
+      const onMessage = (message: EngineToMainMessage): void => {
+        if (message.kind === "load-progress") {
+          onLoadProgress?.(message.done, message.total);
+          return;
+        }
+        cleanup();
+        resolve(message);
+      };
+      const onError = (error: Error): void => {
+        cleanup();
+        reject(new EngineStartError(`the engine thread failed: ${error.message}`));
+      };
+      const onExit = (code: number): void => {
+        cleanup();
+        reject(new EngineStartError(`the engine thread exited with code ${code} before it was ready`));
+      };
+      const cleanup = (): void => {
+        thread.off("message", onMessage);
+        thread.off("error", onError);
+        thread.off("exit", onExit);
+      };
+      thread.on("message", onMessage);
+      thread.on("error", onError);
+      thread.on("exit", onExit);
+    }).finally(() => options.signal?.removeEventListener("abort", onAbort));
+    if (first.kind !== "ready") {
+      // The thread ends by itself after start-failed; stop it only if it does not.
+      await stopThread(thread, EXIT_NOW_WAIT_MS);
+      if (first.kind === "start-failed" && first.stage === "worker") throw new WorkerStartError(first.message, first.exit);
+      throw new EngineStartError(first.kind === "start-failed" ? first.message : `unexpected first message from the engine thread: ${first.kind}`);
+    }
+    return new EngineThread(thread, first.ready, first.pid, first.config, options);
+  }
+
+  /** The engine's counters as of its last step; requests posted but not yet taken count as waiting. */
+  get stats(): EngineStats {
+    const inTransit = this.numSubmitsPosted - this.numSubmitsTaken;
+    return inTransit === 0 ? this.latest : { ...this.latest, numWaiting: this.latest.numWaiting + inTransit };
+  }
+
+  get alive(): boolean {
+    return this.state === "running";
+  }
+
+  submit(req: EngineRequest, onOutput: OutputCallback): void {
+    if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
+    if (this.handles.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    checkSubmittable(req, { ...this.config, vocabSize: this.ready.vocab_size });
+    const handle = this.nextHandle++;
+    this.live.set(handle, { id: req.id, onOutput });
+    this.handles.set(req.id, handle);
+    this.numSubmitsPosted++;
+    this.post({ kind: "submit", handle, request: req });
+  }
+
+  abort(requestId: string): void {
+    const handle = this.handles.get(requestId);
+    if (handle === undefined || this.state === "closed") return;
+    this.post({ kind: "abort", handle });
+  }
+
+  /** Called once if the model worker dies (not when it is shut down). */
+  onWorkerDeath(listener: (exit: WorkerExit) => void): void {
+    this.deathListeners.push(listener);
+  }
+
+  /** Ends live requests ("abort"), shuts the model worker and the thread down. Idempotent. */
+  close(): Promise<void> {
+    this.closing ??= this.doClose();
+    return this.closing;
+  }
+
+  private async doClose(): Promise<void> {
+    if (this.state === "running") {
+      this.state = "closing";
+      this.post({ kind: "close" });
+    }
+    const timeout = this.options.closeTimeoutMs ?? 15_000;
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((resolve) => {
+      timer = setTimeout(() => resolve("late"), timeout);
+    });
+    const outcome = await Promise.race([this.exited, late]);
+    clearTimeout(timer);
+    if (outcome === "late") await stopThread(this.thread);
+    this.state = "closed";
+    this.deliver();
+    // Whatever the engine did not end (it was terminated) ends here.
+    this.failAll("the engine was shut down", "abort");
+  }
+
+  // ------------------------------------------------------------ from the thread
+
+  private onMessage(message: EngineToMainMessage): void {
+    switch (message.kind) {
+      case "outputs":
+        this.onOutputs(message);
+        break;
+      case "worker-died":
+        for (const listener of this.deathListeners.splice(0)) listener(message.exit);
+        break;
+      case "thread-failed":
+        this.failAll(message.message);
+        break;
+      case "closed":
+      case "ready":
+      case "start-failed":
+      case "load-progress":
+        break;
+    }
+  }
+
+  private onOutputs(message: OutputsMessage): void {
+    this.latest = message.stats;
+    this.numSubmitsTaken = message.numSubmitsTaken;
+    for (const timing of message.timings) this.timings.record(timing);
+    if (this.options.onStepRecords !== undefined && message.records.length > 0) this.options.onStepRecords(message.records, message.stats);
+    const plain = message.plain;
+    for (let i = 0; i + 2 < plain.length; i += 3) {
+      const handle = plain[i] as number;
+      this.queue(handle, {
+        requestId: "",
+        newTokenIds: [plain[i + 1] as number],
+        logprobs: null,
+        finished: false,
+        finishReason: null,
+        stopTokenId: null,
+        numCachedTokens: plain[i + 2] as number,
+        error: null,
+      });
+    }
+    for (const { handle, output } of message.rich) this.queue(handle, { requestId: "", ...output });
+    if (!this.deliveryScheduled && this.pending.size > 0) {
+      this.deliveryScheduled = true;
+      // Every batch that arrived in this turn of the event loop is merged before delivery.
+      setImmediate(() => this.deliver());
+    }
+  }
+
+  /** Adds an output to its request's pending one (tokens appended; the later one's ending wins). */
+  private queue(handle: number, output: RequestOutput): void {
+    const before = this.pending.get(handle);
+    if (before === undefined) {
+      this.pending.set(handle, output);
+      return;
+    }
+    before.newTokenIds.push(...output.newTokenIds);
+    if (output.logprobs !== null) before.logprobs = before.logprobs === null ? output.logprobs : [...before.logprobs, ...output.logprobs];
+    before.finished = output.finished;
+    before.finishReason = output.finishReason;
+    before.stopTokenId = output.stopTokenId;
+    before.numCachedTokens = output.numCachedTokens;
+    before.error = output.error;
+  }
+
+  private deliver(): void {
+    this.deliveryScheduled = false;
+    for (const [handle, output] of this.pending) {
+      this.pending.delete(handle);
+      const request = this.live.get(handle);
+      if (request === undefined) continue;
+      if (output.finished) {
+        this.live.delete(handle);
+        this.handles.delete(request.id);
+      }
+      output.requestId = request.id;
+      this.callBack(request, output);
+    }
+  }
+
+  /** Ends every live request with this reason. */
+  private failAll(message: string, reason: "error" | "abort" = "error"): void {
+    this.deliver();
+    for (const [handle, request] of [...this.live]) {
+      this.live.delete(handle);
+      this.handles.delete(request.id);
+      this.callBack(request, {
+        requestId: request.id,
+        newTokenIds: [],
+        logprobs: null,
+        finished: true,
+        finishReason: reason,
+        stopTokenId: null,
+        numCachedTokens: 0,
+        error: message,
+      });
+    }
+  }
+
+  private callBack(request: LiveRequest, output: RequestOutput): void {
+    try {
+      request.onOutput(output);
+    } catch {
+      // A client's callback must not stop the others (EngineCore does the same).
+    }
+  }
+
+  private post(message: MainToEngineMessage): void {
+    this.thread.postMessage(message);
+  }
+}

@@ -1,0 +1,94 @@
+// The engine core on the main event loop, driving the model worker directly
+// (serve --no-engine-thread). Simplest placement; the frontend's streaming
+// then runs between the engine's steps.
+
+import { EngineCore, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import type { StepTimingRing } from "../engine/step-timings.js";
+import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
+import type { ReadyMessage } from "../transport/messages.js";
+import { shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
+import type { WorkerClient, WorkerExit } from "../worker/types.js";
+import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+
+export class InProcessEngine implements ServingEngine {
+  private closing: Promise<void> | null = null;
+
+  private constructor(
+    readonly core: EngineCore,
+    private readonly worker: WorkerClient,
+    readonly config: EngineConfig,
+  ) {}
+
+  /**
+   * Starts the worker and the engine core. `wrap` lets a benchmark put a
+   * timing layer between the two.
+   */
+  static async start(options: ServingEngineOptions, wrap: (worker: WorkerClient) => StepExecutor = (w) => w): Promise<InProcessEngine> {
+    const onAbort = (): void => void shutdownAllWorkers().catch(() => {});
+    options.signal?.addEventListener("abort", onAbort, { once: true });
+    let worker: WorkerClient;
+    try {
+      worker = await startWorker(options.worker);
+    } finally {
+      options.signal?.removeEventListener("abort", onAbort);
+    }
+    const ready = worker.ready;
+    const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
+    try {
+      return new InProcessEngine(new EngineCore(wrap(worker), config), worker, config);
+    } catch (error) {
+      await worker.shutdown().catch(() => {});
+      throw new EngineStartError(`cannot start the engine: ${(error as Error).message}`);
+    }
+  }
+
+  get ready(): ReadyMessage {
+    return this.worker.ready;
+  }
+
+  get pid(): number {
+    return this.worker.pid;
+  }
+
+  get stats(): EngineStats {
+    return this.core.stats;
+  }
+
+  get timings(): StepTimingRing {
+    return this.core.timings;
+  }
+
+  submit(req: EngineRequest, onOutput: OutputCallback): void {
+    this.core.submit(req, onOutput);
+  }
+
+  abort(requestId: string): void {
+    this.core.abort(requestId);
+  }
+
+  onWorkerDeath(listener: (exit: WorkerExit) => void): void {
+    this.worker.onDeath(listener);
+  }
+
+  close(): Promise<void> {
+    this.closing ??= stopEngine(this.core, this.worker);
+    return this.closing;
+  }
+}
+
+/** How long stopping waits for the step in flight before shutting the worker down anyway. */
+const STEP_GRACE_MS = 5_000;
+
+/**
+ * Ends the engine's live requests ("abort", after the step in flight, waiting
+ * at most STEP_GRACE_MS for it), then shuts the model worker down. Never rejects.
+ */
+export async function stopEngine(core: EngineCore | null, worker: WorkerClient | null): Promise<void> {
+  if (core !== null) {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, STEP_GRACE_MS)));
+    await Promise.race([core.close().catch(() => {}), late]);
+    clearTimeout(timer);
+  }
+  await worker?.shutdown().catch(() => {});
+}

@@ -1,0 +1,142 @@
+// Messages between the main thread (HTTP frontend) and the engine thread
+// (engine core + model-worker link). Each direction is one tagged union,
+// posted over the worker_threads MessagePort (structured clone, no schema
+// needed: both ends are this package, built together).
+//
+// Outputs cross once per engine step, as one batch: the common case (one
+// token, no logprobs, not finished) packed as int32 triples in a transferred
+// buffer, everything else as plain objects.
+
+import type { EngineStats, EngineConfig } from "../engine/engine-core.js";
+import type { EngineSettings } from "./types.js";
+import type { StepTiming } from "../engine/step-timings.js";
+import type { EngineRequest, RequestOutput } from "../engine/types.js";
+import type { ReadyMessage } from "../transport/messages.js";
+import type { WorkerExit, WorkerOptions } from "../worker/types.js";
+
+/** What the engine thread is started with (workerData). */
+export interface EngineThreadInit {
+  /** The model worker to start, without callbacks (they cannot cross threads). */
+  worker: Omit<WorkerOptions, "onLoadProgress"> & { reportLoadProgress: boolean };
+  engine: EngineSettings;
+  /** Benchmarks: time every step's phases and send them with the outputs. */
+  recordSteps: boolean;
+}
+
+// ------------------------------------------------------------ main -> engine
+
+export interface SubmitMessage {
+  kind: "submit";
+  /** Small int naming the request between the threads. */
+  handle: number;
+  request: EngineRequest;
+}
+
+export interface AbortMessage {
+  kind: "abort";
+  handle: number;
+}
+
+/** Stop: end live requests, shut the model worker down, then the thread. */
+export interface CloseMessage {
+  kind: "close";
+}
+
+/**
+ * Stop now (the process is exiting, or close() timed out): kill the model
+ * worker and close its sockets synchronously, set done[0] to 1 and notify,
+ * then end the thread. The main thread may be blocked in Atomics.wait on done.
+ */
+export interface ExitNowMessage {
+  kind: "exit-now";
+  done: SharedArrayBuffer;
+}
+
+export type MainToEngineMessage = SubmitMessage | AbortMessage | CloseMessage | ExitNowMessage;
+
+// ------------------------------------------------------------ engine -> main
+
+export interface LoadProgressMessage {
+  kind: "load-progress";
+  done: number;
+  total: number;
+}
+
+export interface ThreadReadyMessage {
+  kind: "ready";
+  ready: ReadyMessage;
+  /** The model worker's process id. */
+  pid: number;
+  /** The engine core's configuration as built from Ready. */
+  config: EngineConfig;
+}
+
+export interface StartFailedMessage {
+  kind: "start-failed";
+  /** The model worker could not start (its own explanation), or the engine core could not. */
+  stage: "worker" | "engine";
+  message: string;
+  exit: WorkerExit | null;
+}
+
+/** An output that does not fit the packed form. */
+export interface RichOutput {
+  handle: number;
+  output: Omit<RequestOutput, "requestId">;
+}
+
+/** One step's timings as the engine thread measured them (benchmarks: recordSteps). */
+export interface StepRecord {
+  stepId: number;
+  /** From one executeStep call to the next (ms); NaN for the last step of a run. */
+  stepMs: number;
+  encodeMs: number;
+  decodeMs: number;
+  /** Packing and posting this step's outputs to the main thread. */
+  postMs: number;
+  /** Steps in flight right after this one was sent, itself included (2 with overlap). */
+  inFlight: number;
+  /** Sampled tokens the step produced. */
+  tokens: number;
+  /** The worker's own time (prepare + forward + sample). */
+  workerMs: number;
+}
+
+export interface OutputsMessage {
+  kind: "outputs";
+  /** [handle, token id, cached prompt tokens] per plain output. */
+  plain: Int32Array;
+  rich: RichOutput[];
+  /** The engine after these outputs. */
+  stats: EngineStats;
+  /** Submit messages the engine has taken so far (to count the ones still on their way). */
+  numSubmitsTaken: number;
+  /** Steps completed since the last message (the engine's timing ring). */
+  timings: StepTiming[];
+  /** With recordSteps. */
+  records: StepRecord[];
+}
+
+export interface WorkerDiedMessage {
+  kind: "worker-died";
+  exit: WorkerExit;
+}
+
+/** The engine thread failed itself (a bug): every request has ended with an error. */
+export interface ThreadFailedMessage {
+  kind: "thread-failed";
+  message: string;
+}
+
+export interface ClosedMessage {
+  kind: "closed";
+}
+
+export type EngineToMainMessage =
+  | LoadProgressMessage
+  | ThreadReadyMessage
+  | StartFailedMessage
+  | OutputsMessage
+  | WorkerDiedMessage
+  | ThreadFailedMessage
+  | ClosedMessage;
