@@ -36,7 +36,6 @@ import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
 import { readModelDir } from "../config/model-dir.js";
 import type { EngineStats } from "../engine/engine-core.js";
-import type { StepTiming } from "../engine/step-timings.js";
 import { EngineThread } from "../engine-host/engine-thread.js";
 import { InProcessEngine } from "../engine-host/in-process.js";
 import type { EngineSettings, ServingEngine } from "../engine-host/types.js";
@@ -45,7 +44,6 @@ import { StepRecorder } from "../engine-host/step-recorder.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
 import { detokenizerTimings } from "../text/detokenizer.js";
 import { TextTokenizer } from "../text/tokenizer.js";
-import type { ReadyMessage } from "../transport/messages.js";
 import type { LoadFormat, WorkerOptions } from "../worker/types.js";
 
 /** Phases of a step in each placement (see the top of this file). */
@@ -267,18 +265,14 @@ class MeasureWindow {
 
 /** The engine core under test, in either placement. */
 interface EngineUnderTest {
-  handle: ServingEngine;
-  ready: ReadyMessage;
-  readonly stats: EngineStats;
-  timings: { recent(limit?: number): StepTiming[] };
-  /** Measured step records taken so far (main-thread placement: from the recorder). */
+  engine: ServingEngine;
+  /** Adds the measured step records taken so far to the window (main-thread placement: from its recorder). */
   collect(window: MeasureWindow): void;
-  close(): Promise<void>;
 }
 
 /** Engine core and worker link in their own thread; step records come with the outputs. */
 async function threadedEngine(worker: WorkerOptions, settings: EngineSettings, current: () => MeasureWindow | null): Promise<EngineUnderTest> {
-  const thread = await EngineThread.start({
+  const engine = await EngineThread.start({
     worker,
     engine: settings,
     recordSteps: true,
@@ -287,16 +281,7 @@ async function threadedEngine(worker: WorkerOptions, settings: EngineSettings, c
       for (const record of records) if (window?.onStep(stats) === true) window.records.push(record);
     },
   });
-  return {
-    handle: thread,
-    ready: thread.ready,
-    get stats() {
-      return thread.stats;
-    },
-    timings: thread.timings,
-    collect: () => {},
-    close: () => thread.close(),
-  };
+  return { engine, collect: () => {} };
 }
 
 /** Everything on this event loop; the recorder wraps the worker here. */
@@ -309,18 +294,10 @@ async function mainThreadEngine(worker: WorkerOptions, settings: EngineSettings,
     const window = current();
     if (window?.onStep(engine.stats) === true) window.detokAtCall.set(stepId, detokenizerTimings.busyMs);
   };
-  return {
-    handle: engine,
-    ready: engine.ready,
-    get stats() {
-      return engine.stats;
-    },
-    timings: engine.timings,
-    collect: (window) => {
-      for (const record of rec.take()) if (window.detokAtCall.has(record.stepId)) window.records.push(record);
-    },
-    close: () => engine.close(),
+  const collect = (window: MeasureWindow): void => {
+    for (const record of rec.take()) if (window.detokAtCall.has(record.stepId)) window.records.push(record);
   };
+  return { engine, collect };
 }
 
 /** Runs the workload for each batch size on one worker, engine and server. */
@@ -353,13 +330,14 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
   };
 
   let window: MeasureWindow | null = null;
-  const engine = await (threaded ? threadedEngine : mainThreadEngine)(workerOptions, settings, () => window);
+  const underTest = await (threaded ? threadedEngine : mainThreadEngine)(workerOptions, settings, () => window);
+  const engine = underTest.engine;
   const ready = engine.ready;
   let server: BatonServer | null = null;
   let clients: Clients | null = null;
   try {
     server = buildServer({
-      engine: engine.handle,
+      engine,
       tokenizer,
       chatTemplate: null,
       servedModelName: "bench",
@@ -384,7 +362,7 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
       await current.done;
       const wallMs = performance.now() - t0;
       window = null;
-      engine.collect(current);
+      underTest.collect(current);
       await clients.close();
       await waitFor(() => engine.stats.numRunning === 0 && engine.stats.numWaiting === 0, 60_000, "the aborted requests to leave the engine");
       const result = summarize(b, threaded, engine, current);
@@ -403,7 +381,7 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
   }
 }
 
-function summarize(b: number, threaded: boolean, engine: EngineUnderTest, window: MeasureWindow): BatchResult {
+function summarize(b: number, threaded: boolean, engine: ServingEngine, window: MeasureWindow): BatchResult {
   const ring = new Map(engine.timings.recent().map((t) => [t.stepId, t]));
   const records = [...window.records].sort((x, y) => x.stepId - y.stepId);
   const names = threaded ? THREAD_PHASES : MAIN_PHASES;
@@ -471,9 +449,10 @@ export interface CompareResult {
   batch_size: number;
   /** What was switched: "async" (overlap scheduling) or "engine-thread". */
   what: string;
+  /** Tokens the clients received per second. */
   off_tokens_per_s: number;
   on_tokens_per_s: number;
-  /** on / off throughput. */
+  /** on / off received throughput. */
   ratio: number;
   off_step_ms_p50: number;
   on_step_ms_p50: number;
@@ -489,9 +468,9 @@ export async function runCompare(what: "async" | "engine-thread", options: Overh
     return {
       batch_size: s.batch_size,
       what,
-      off_tokens_per_s: s.tokens_per_s,
-      on_tokens_per_s: a.tokens_per_s,
-      ratio: a.tokens_per_s / s.tokens_per_s,
+      off_tokens_per_s: s.delivered_tokens_per_s,
+      on_tokens_per_s: a.delivered_tokens_per_s,
+      ratio: a.delivered_tokens_per_s / s.delivered_tokens_per_s,
       off_step_ms_p50: s.step_ms_p50,
       on_step_ms_p50: a.step_ms_p50,
     };

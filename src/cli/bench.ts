@@ -27,8 +27,8 @@ Options:
   --load-format F        dummy-null (default: no model) or auto (the model's
                          real forward pass)
   --compare WHAT         run the workload with WHAT off, then on, and print
-                         the throughput ratio: async (overlap scheduling) or
-                         engine-thread
+                         the ratio of tokens/s the clients received: async
+                         (overlap scheduling) or engine-thread
   --compare-async        the same as --compare async
   -h, --help             show this help
 `;
@@ -147,8 +147,8 @@ function overheadTable(results: BatchResult[]): string {
 function compareText(results: CompareResult[]): string {
   const lines = results.map(
     (r) =>
-      `B=${r.batch_size}: ${r.what} off ${Math.round(r.off_tokens_per_s)} tok/s (step p50 ${r.off_step_ms_p50.toFixed(3)} ms), ` +
-      `on ${Math.round(r.on_tokens_per_s)} tok/s (step p50 ${r.on_step_ms_p50.toFixed(3)} ms), ratio on/off ${r.ratio.toFixed(3)}`,
+      `B=${r.batch_size}: ${r.what} off ${Math.round(r.off_tokens_per_s)} tok/s received (step p50 ${r.off_step_ms_p50.toFixed(3)} ms), ` +
+      `on ${Math.round(r.on_tokens_per_s)} tok/s received (step p50 ${r.on_step_ms_p50.toFixed(3)} ms), ratio on/off ${r.ratio.toFixed(3)}`,
   );
   return `${lines.join("\n")}\n`;
 }

@@ -16,7 +16,7 @@
 
 import { once } from "node:events";
 import { Worker } from "node:worker_threads";
-import { checkSubmittable, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import { checkSubmittable, endingOutput, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -325,16 +325,7 @@ export class EngineThread implements ServingEngine {
     for (const [handle, request] of [...this.live]) {
       this.live.delete(handle);
       this.handles.delete(request.id);
-      this.callBack(request, {
-        requestId: request.id,
-        newTokenIds: [],
-        logprobs: null,
-        finished: true,
-        finishReason: reason,
-        stopTokenId: null,
-        numCachedTokens: 0,
-        error: message,
-      });
+      this.callBack(request, endingOutput(request.id, reason, message));
     }
   }
 

@@ -9,7 +9,7 @@
 // parent-pid watch when the process does.
 
 import { parentPort, workerData } from "node:worker_threads";
-import { EngineCore, type EngineConfig } from "../engine/engine-core.js";
+import { EngineCore, endingOutput, type EngineConfig } from "../engine/engine-core.js";
 import type { RequestOutput } from "../engine/types.js";
 import { killAllWorkersSync, shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
 import { WorkerStartError, type WorkerClient } from "../worker/types.js";
@@ -139,16 +139,7 @@ function submit(handle: number, message: Extract<MainToEngineMessage, { kind: "s
     requestIds.set(handle, request.id);
   } catch (error) {
     // The main thread checks what it can before posting; whatever slips through ends the request here.
-    box.add(handle, {
-      requestId: request.id,
-      newTokenIds: [],
-      logprobs: null,
-      finished: true,
-      finishReason: "error",
-      stopTokenId: null,
-      numCachedTokens: 0,
-      error: (error as Error).message,
-    });
+    box.add(handle, endingOutput(request.id, "error", (error as Error).message));
   }
 }
 

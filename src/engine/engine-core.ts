@@ -470,14 +470,10 @@ function outputOf(request: Request, token: number, logprob: TokenLogprob | null,
 }
 
 function endOutput(request: Request, reason: "abort" | "error", error: string | null): RequestOutput {
-  return {
-    requestId: request.id,
-    newTokenIds: [],
-    logprobs: null,
-    finished: true,
-    finishReason: reason,
-    stopTokenId: null,
-    numCachedTokens: Math.max(request.numCachedTokens, 0),
-    error,
-  };
+  return endingOutput(request.id, reason, error, Math.max(request.numCachedTokens, 0));
+}
+
+/** The last output of a request that ends without a token (aborted, or failed with `error`). */
+export function endingOutput(requestId: string, reason: "abort" | "error", error: string | null, numCachedTokens = 0): RequestOutput {
+  return { requestId, newTokenIds: [], logprobs: null, finished: true, finishReason: reason, stopTokenId: null, numCachedTokens, error };
 }
