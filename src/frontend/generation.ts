@@ -12,7 +12,12 @@ import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-
 /** The part of EngineCore the frontend uses. */
 export interface EngineHandle {
   submit(req: EngineRequest, onOutput: OutputCallback): void;
-  abort(requestId: string): void;
+  /**
+   * Frees the request's resources; its last output says "abort". `reason`
+   * "stop" tells observers the frontend ended it on a stop string (a normal
+   * finish, counted as vLLM counts it), not that the client left.
+   */
+  abort(requestId: string, reason?: "stop"): void;
 }
 
 export type OpenAIFinishReason = "stop" | "length";
@@ -126,11 +131,11 @@ export class Generation {
     this.sink.onError(error);
   }
 
-  private release(): void {
+  private release(reason?: "stop"): void {
     this.registry.delete(this);
     if (!this.engineDone) {
       this.engineDone = true;
-      this.engine.abort(this.request.id);
+      this.engine.abort(this.request.id, reason);
     }
   }
 
@@ -182,7 +187,7 @@ export class Generation {
                 stop = match.stop;
                 // The engine may still be generating: free it now.
                 this.closed = true;
-                this.release();
+                this.release("stop");
               }
             }
             if (output.finished) this.closed = true;

@@ -2,12 +2,16 @@
 // per-request metrics (RequestRecorder), one log line when a request is
 // received and one when it finishes, and the admission hook that learns a
 // request has reached the engine. The frontend uses it exactly like the engine.
+//
+// A request the frontend ends on a stop string (abort with reason "stop")
+// finishes as "stop" there and then, as vLLM counts it; the engine's later
+// "abort" output for it is not counted again.
 
 import { performance } from "node:perf_hooks";
-import type { EngineRequest, OutputCallback } from "../engine/types.js";
+import type { EngineRequest, FinishReason, OutputCallback } from "../engine/types.js";
 import type { EngineHandle } from "../frontend/generation.js";
 import type { Logger } from "./logger.js";
-import type { RequestRecorder } from "./metrics.js";
+import type { RequestRecorder, RequestTrace } from "./metrics.js";
 
 export interface ObservedEngineOptions {
   recorder?: RequestRecorder | null;
@@ -16,47 +20,71 @@ export interface ObservedEngineOptions {
   onSubmit?: () => void;
 }
 
+/** What is known about one live request. */
+class Observation {
+  private completionTokens = 0;
+  private firstTokenMs = -1;
+  private done = false;
+
+  constructor(
+    private readonly req: EngineRequest,
+    private readonly trace: RequestTrace | null,
+    private readonly log: Logger | null,
+  ) {}
+
+  tokens(count: number, now: number): void {
+    if (count === 0 || this.done) return;
+    if (this.firstTokenMs < 0) this.firstTokenMs = now;
+    this.completionTokens += count;
+    this.trace?.tokens(count, now);
+  }
+
+  /** Records the finish once; later calls are ignored. */
+  finish(reason: FinishReason, now: number, cachedTokens: number | null, error: string | null): void {
+    if (this.done) return;
+    this.done = true;
+    this.trace?.finish(reason, now);
+    const req = this.req;
+    this.log?.info(
+      {
+        request_id: req.id,
+        prompt_tokens: req.promptIds.length,
+        completion_tokens: this.completionTokens,
+        ...(cachedTokens === null ? {} : { cached_tokens: cachedTokens }),
+        finish_reason: reason,
+        latency_ms: round(now - req.arrivalMs),
+        ttft_ms: this.firstTokenMs < 0 ? null : round(this.firstTokenMs - req.arrivalMs),
+        ...(error === null ? {} : { error }),
+      },
+      "request finished",
+    );
+  }
+}
+
 export function observeEngine(engine: EngineHandle, options: ObservedEngineOptions): EngineHandle {
   const { recorder = null, logger = null, onSubmit } = options;
+  const live = new Map<string, Observation>();
   return {
     submit(req: EngineRequest, onOutput: OutputCallback): void {
       onSubmit?.();
-      const trace = recorder?.begin(req.id, req.promptIds.length, req.arrivalMs) ?? null;
-      let completionTokens = 0;
-      let firstTokenMs = -1;
       const log = logger?.isLevelEnabled("info") ? logger : null;
+      const observation = new Observation(req, recorder?.begin(req.id, req.promptIds.length, req.arrivalMs) ?? null, log);
       engine.submit(req, (output) => {
         const now = performance.now();
-        const n = output.newTokenIds.length;
-        if (n > 0) {
-          if (firstTokenMs < 0) firstTokenMs = now;
-          completionTokens += n;
-          trace?.tokens(n, now);
-        }
+        observation.tokens(output.newTokenIds.length, now);
         if (output.finished) {
-          const reason = output.finishReason ?? "stop";
-          trace?.finish(reason, now);
-          log?.info(
-            {
-              request_id: req.id,
-              prompt_tokens: req.promptIds.length,
-              completion_tokens: completionTokens,
-              cached_tokens: output.numCachedTokens,
-              finish_reason: reason,
-              latency_ms: round(now - req.arrivalMs),
-              ttft_ms: firstTokenMs < 0 ? null : round(firstTokenMs - req.arrivalMs),
-              ...(output.error === null ? {} : { error: output.error }),
-            },
-            "request finished",
-          );
+          live.delete(req.id);
+          observation.finish(output.finishReason ?? "stop", now, output.numCachedTokens, output.error);
         }
         onOutput(output);
       });
+      live.set(req.id, observation);
       // Logged once the engine took it (a rejected submit throws and becomes a 4xx/5xx).
       log?.info({ request_id: req.id, prompt_tokens: req.promptIds.length, max_tokens: req.stop.maxTokens }, "request received");
     },
-    abort(requestId: string): void {
-      engine.abort(requestId);
+    abort(requestId: string, reason?: "stop"): void {
+      if (reason === "stop") live.get(requestId)?.finish("stop", performance.now(), null, null);
+      engine.abort(requestId, reason);
     },
   };
 }

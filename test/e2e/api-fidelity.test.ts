@@ -9,6 +9,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
+import { parseMetrics } from "../observability/prom-text.js";
 import { demoModelDir, postJson, python, repoRoot, startServer, type RunningServer } from "./harness.js";
 
 const MODEL = "baton-demo";
@@ -104,9 +105,18 @@ describe("API fidelity (demo model)", () => {
       }
     }
     assert.ok(stop !== null, `no usable token boundary in ${JSON.stringify(text)}`);
+    const finishes = async (): Promise<Map<string, number>> => parseMetrics(await (await fetch(`${url}/metrics`)).text());
+    const before = await finishes();
     const stopped = await completion({ prompt, max_tokens: 24, temperature: 0, ignore_eos: true, stop: [stop, "never-appears-xyz"] });
     assert.equal(stopped.choices[0]?.text, text.slice(0, cut));
     assert.equal(stopped.choices[0]?.finish_reason, "stop");
+    // Counted as vLLM counts it: a "stop" finish, not an abort.
+    const after = await finishes();
+    const delta = (reason: string): number => {
+      const key = `vllm:request_success_total{model_name="${MODEL}",finished_reason="${reason}"}`;
+      return (after.get(key) ?? 0) - (before.get(key) ?? 0);
+    };
+    assert.deepEqual([delta("stop"), delta("abort")], [1, 0]);
     assert.equal((stopped.choices[0] as unknown as { stop_reason: string }).stop_reason, stop);
     const streamed = await streamCompletion({ prompt, max_tokens: 24, temperature: 0, ignore_eos: true, stop });
     const pieces = streamed.texts.get(0) ?? [];

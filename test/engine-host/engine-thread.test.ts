@@ -7,6 +7,7 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { pathToFileURL } from "node:url";
@@ -18,6 +19,7 @@ import { WorkerStartError, type WorkerExit } from "../../src/worker/types.js";
 import { greedy, isRunning, nullModelDir, nullWorkerOptions, processesMatching, removeDir, tempDir, waitUntil } from "../worker/helpers.js";
 
 const VOCAB = 128;
+const demoDir = join(packageRoot, "models", "demo");
 const dirs: string[] = [];
 const threads: EngineThread[] = [];
 after(async () => {
@@ -165,6 +167,21 @@ describe("engine thread", () => {
     assert.deepEqual(processesMatching(dir), []);
     assert.equal(engine.alive, false);
     assert.throws(() => engine.submit(request([1], 1), () => {}), /shutting down/);
+    await engine.close();
+  });
+
+  test("weight-loading progress reaches the main thread, ending at all tensors loaded", { skip: !existsSync(join(demoDir, "model.safetensors")) && "no demo model (npm run setup)" }, async () => {
+    const progress: [number, number][] = [];
+    const engine = await EngineThread.start({
+      worker: { ...nullWorkerOptions(demoDir, { numBlocks: 16 }), loadFormat: "auto", onLoadProgress: (done, total) => progress.push([done, total]) },
+      engine: { maxNumSeqs: 2, maxNumBatchedTokens: 64 },
+    });
+    threads.push(engine);
+    assert.ok(progress.length >= 2, JSON.stringify(progress));
+    const [done, total] = progress.at(-1) as [number, number];
+    assert.equal(done, total);
+    assert.ok(total > 0);
+    for (let i = 1; i < progress.length; i++) assert.ok((progress[i] as [number, number])[0] >= (progress[i - 1] as [number, number])[0], "progress only grows");
     await engine.close();
   });
 
