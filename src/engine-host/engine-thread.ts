@@ -37,7 +37,7 @@ interface LiveRequest {
   onOutput: OutputCallback;
 }
 
-const HOST_URL = new URL("./thread-main.js", import.meta.url);
+const THREAD_MAIN_URL = new URL("./thread-main.js", import.meta.url);
 /** How long an exit hook waits for a thread to kill its worker and close its sockets. */
 const EXIT_NOW_WAIT_MS = 2_000;
 
@@ -141,7 +141,7 @@ export class EngineThread implements ServingEngine {
     };
     // Flags about the main entry point (e.g. --input-type of `node -e`) would make the thread's own start fail.
     const execArgv = process.execArgv.filter((arg) => !arg.startsWith("--input-type"));
-    const thread = new Worker(HOST_URL, { workerData: init, execArgv });
+    const thread = new Worker(THREAD_MAIN_URL, { workerData: init, execArgv });
     installExitHook();
     liveThreads.add(thread);
     thread.once("exit", () => liveThreads.delete(thread));

@@ -13,7 +13,7 @@ import { EngineCore, endingOutput, type EngineConfig } from "../engine/engine-co
 import type { RequestOutput } from "../engine/types.js";
 import { killAllWorkersSync, shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
 import { WorkerStartError, type WorkerClient } from "../worker/types.js";
-import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput } from "./messages.js";
+import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitMessage } from "./messages.js";
 import { stopEngine } from "./in-process.js";
 import { StepRecorder } from "./step-recorder.js";
 
@@ -125,12 +125,11 @@ async function start(): Promise<void> {
   post({ kind: "ready", ready, pid: started.pid, config });
 }
 
-function submit(handle: number, message: Extract<MainToEngineMessage, { kind: "submit" }>): void {
+function submit({ handle, request }: SubmitMessage): void {
   const engine = core;
   const box = outbox;
   if (engine === null || box === null) return;
   box.numSubmitsTaken++;
-  const request = message.request;
   try {
     engine.submit(request, (output) => {
       if (output.finished) requestIds.delete(handle);
@@ -161,7 +160,7 @@ async function close(): Promise<void> {
 port.on("message", (message: MainToEngineMessage) => {
   switch (message.kind) {
     case "submit":
-      submit(message.handle, message);
+      submit(message);
       break;
     case "abort": {
       const id = requestIds.get(message.handle);

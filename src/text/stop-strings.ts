@@ -58,6 +58,15 @@ export class StopStringMatcher {
         best = stop;
       }
     }
+    if (best !== null && !final) {
+      // A stop string starting before the match may still complete: wait for more text.
+      const pending = this.partialStartBefore(bestAt);
+      if (pending >= 0) {
+        const text = this.buffer.slice(0, pending);
+        this.buffer = this.buffer.slice(pending);
+        return { text, stop: null };
+      }
+    }
     if (best !== null) {
       this.done = true;
       const text = this.buffer.slice(0, bestAt) + (this.includeStopInOutput ? best : "");
@@ -73,6 +82,15 @@ export class StopStringMatcher {
     const text = this.buffer.slice(0, this.buffer.length - hold);
     this.buffer = this.buffer.slice(this.buffer.length - hold);
     return { text, stop: null };
+  }
+
+  /** The first position before `end` where the rest of the buffer is a proper prefix of a stop string, or -1. */
+  private partialStartBefore(end: number): number {
+    for (let q = Math.max(0, this.buffer.length - this.maxLen + 1); q < end; q++) {
+      const tail = this.buffer.slice(q);
+      if (this.stops.some((s) => s.length > tail.length && s.startsWith(tail))) return q;
+    }
+    return -1;
   }
 
   /** Length of the longest tail of the buffer that is a proper prefix of a stop string. */

@@ -51,6 +51,14 @@ describe("StopStringMatcher", () => {
     assert.deepEqual(run(["<|a|>", "|b"], ["x<|", "b"]), { emitted: ["x", "<"], stop: "|b" });
   });
 
+  test("a later match waits while an earlier-starting stop string may still complete", () => {
+    // "abb" starts before "b": the first piece alone must not end the request on "b".
+    assert.deepEqual(run(["abb", "b"], ["\n\nab", "b"]), { emitted: ["\n\n", ""], stop: "abb" });
+    // ... and when it does not complete, the later match wins.
+    assert.deepEqual(run(["abb", "b"], ["\n\nab", "x"]), { emitted: ["\n\n", "a"], stop: "b" });
+    assert.deepEqual(run(["abb", "b"], ["\n\nab"]), { emitted: ["\n\na"], stop: "b" });
+  });
+
   test("include_stop_str_in_output keeps the stop string", () => {
     assert.deepEqual(run(["\n\n"], ["one\n", "\ntwo"], true), { emitted: ["one", "\n\n"], stop: "\n\n" });
   });
@@ -96,7 +104,7 @@ describe("StopStringMatcher", () => {
           else assert.ok(r.stop !== null && text.startsWith(r.stop, first), `${JSON.stringify(r.stop)} at ${first}`);
         },
       ),
-      { numRuns: 500 },
+      { numRuns: 2000 },
     );
   });
 });
