@@ -32,7 +32,7 @@ describe("prefix caching through HTTP (demo model)", () => {
     assert.equal(refused.body.error.param, "priority");
     assert.equal((await postJson(`${cachingOn.url}/v1/completions`, { prompt: FIRST, max_tokens: 1, priority: 0 })).status, 200);
     const hits = await metric(cachingOn.url, "vllm:prefix_cache_hits_total");
-    if (hits !== null) assert.ok(hits >= 96, `prefix cache hits ${hits}`);
+    assert.ok(hits !== null && hits >= 96, `prefix cache hits ${hits}`);
     await cachingOn.stop();
 
     const cachingOff = await startServer(["--no-enable-prefix-caching"]);
