@@ -5,6 +5,7 @@
 
 import { existsSync } from "node:fs";
 import type { AddressInfo } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 import { join } from "node:path";
 import { ModelDirError, readModelDir, type ModelDirInfo } from "../config/model-dir.js";
 import { startServingEngine } from "../engine-host/start.js";
@@ -37,14 +38,6 @@ let logger: Logger | null = null;
 function log(line: string, level: "info" | "warn" | "error" = "info"): void {
   if (logger === null) process.stderr.write(`baton: ${line}\n`);
   else logger[level](line);
-}
-
-function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T | undefined> {
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<undefined>((resolve) => {
-    timer = setTimeout(() => resolve(undefined), ms);
-  });
-  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
 function loadModelDir(options: ServeOptions, repoRoot: string): { info: ModelDirInfo; name: string } {
@@ -123,7 +116,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     if (server !== null) {
       server.setUnavailable("the server is shutting down");
       server.failInFlight(serviceUnavailable("the server is shutting down"));
-      await withTimeout(server.app.close(), CLOSE_TIMEOUT_MS);
+      await Promise.race([server.app.close(), sleep(CLOSE_TIMEOUT_MS, undefined, { ref: false })]);
     }
     // Ends live requests, then shuts the model worker down (its own grace period bounds this).
     if (engine !== null) await engine.close().catch(() => {});

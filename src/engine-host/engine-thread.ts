@@ -15,8 +15,9 @@
 // submit time.
 
 import { once } from "node:events";
+import { setTimeout as sleep } from "node:timers/promises";
 import { Worker } from "node:worker_threads";
-import { checkSubmittable, endingOutput, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import { checkSubmittable, endingOutput, RequestRejectedError, type EngineConfig, type EngineStats, type SubmitLimits } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -67,9 +68,7 @@ function installExitHook(): void {
 /** Resolves when the thread has exited, or after ms. */
 async function exitedWithin(thread: Worker, ms: number): Promise<void> {
   if (!liveThreads.has(thread)) return;
-  let timer: NodeJS.Timeout | undefined;
-  await Promise.race([once(thread, "exit"), new Promise((resolve) => (timer = setTimeout(resolve, ms)))]);
-  clearTimeout(timer);
+  await Promise.race([once(thread, "exit"), sleep(ms, undefined, { ref: false })]);
 }
 
 /** Stops a thread (after giving it graceMs to end by itself): its worker and sockets first. */
@@ -99,6 +98,7 @@ export class EngineThread implements ServingEngine {
   private state: "running" | "closing" | "closed" = "running";
   private closing: Promise<void> | null = null;
   private readonly exited: Promise<void>;
+  private readonly limits: SubmitLimits;
 
   private constructor(
     private readonly thread: Worker,
@@ -109,6 +109,7 @@ export class EngineThread implements ServingEngine {
     private readonly options: EngineThreadOptions,
   ) {
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
+    this.limits = { ...config, vocabSize: ready.vocab_size };
     this.latest = {
       numRunning: 0,
       numWaiting: 0,
@@ -196,7 +197,7 @@ export class EngineThread implements ServingEngine {
   submit(req: EngineRequest, onOutput: OutputCallback): void {
     if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
     if (this.handles.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
-    checkSubmittable(req, { ...this.config, vocabSize: this.ready.vocab_size });
+    checkSubmittable(req, this.limits);
     const handle = this.nextHandle++;
     this.live.set(handle, { id: req.id, onOutput });
     this.handles.set(req.id, handle);
@@ -226,14 +227,8 @@ export class EngineThread implements ServingEngine {
       this.state = "closing";
       this.post({ kind: "close" });
     }
-    const timeout = this.options.closeTimeoutMs ?? 15_000;
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<"late">((resolve) => {
-      timer = setTimeout(() => resolve("late"), timeout);
-    });
-    const outcome = await Promise.race([this.exited, late]);
-    clearTimeout(timer);
-    if (outcome === "late") await stopThread(this.thread);
+    // The thread ends by itself once its worker is down; stop it if it does not in time.
+    await stopThread(this.thread, this.options.closeTimeoutMs ?? 15_000);
     this.state = "closed";
     this.deliver();
     // Whatever the engine did not end (it was terminated) ends here.

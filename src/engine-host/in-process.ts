@@ -2,6 +2,7 @@
 // (serve --no-engine-thread). Simplest placement; the frontend's streaming
 // then runs between the engine's steps.
 
+import { setTimeout as sleep } from "node:timers/promises";
 import { EngineCore, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
@@ -84,11 +85,6 @@ const STEP_GRACE_MS = 5_000;
  * at most STEP_GRACE_MS for it), then shuts the model worker down. Never rejects.
  */
 export async function stopEngine(core: EngineCore | null, worker: WorkerClient | null): Promise<void> {
-  if (core !== null) {
-    let timer: NodeJS.Timeout | undefined;
-    const late = new Promise<void>((resolve) => (timer = setTimeout(resolve, STEP_GRACE_MS)));
-    await Promise.race([core.close().catch(() => {}), late]);
-    clearTimeout(timer);
-  }
+  if (core !== null) await Promise.race([core.close().catch(() => {}), sleep(STEP_GRACE_MS, undefined, { ref: false })]);
   await worker?.shutdown().catch(() => {});
 }

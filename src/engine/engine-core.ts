@@ -111,6 +111,8 @@ export class EngineCore {
   private readonly maxLen: number;
   private readonly requests = new Map<string, Request>();
   private executor: StepExecutor;
+  /** What a submitted request is checked against (the vocabulary is the executor's). */
+  private limits: SubmitLimits;
   private nextExecutor: StepExecutor | null = null;
   private nextStepId = 0;
   private numSteps = 0;
@@ -133,6 +135,7 @@ export class EngineCore {
     this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
     this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
     this.checkExecutor(executor);
+    this.limits = { ...config, vocabSize: executor.ready.vocab_size };
   }
 
   get stats(): EngineStats {
@@ -375,7 +378,7 @@ export class EngineCore {
   private validate(req: EngineRequest): void {
     if (this.closed) throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
     if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
-    checkSubmittable(req, { ...this.config, vocabSize: this.executor.ready.vocab_size });
+    checkSubmittable(req, this.limits);
   }
 
   private checkExecutor(executor: StepExecutor): void {
@@ -391,6 +394,7 @@ export class EngineCore {
   private swapExecutor(): void {
     if (this.nextExecutor === null) return;
     this.executor = this.nextExecutor;
+    this.limits = { ...this.config, vocabSize: this.executor.ready.vocab_size };
     this.nextExecutor = null;
     this.scheduler.resetWorkerState();
   }
