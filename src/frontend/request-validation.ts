@@ -7,6 +7,7 @@
 
 import { z } from "zod";
 import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
+import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
 import { badRequest, type ApiError } from "./openai-error.js";
 
 export interface ValidationLimits {
@@ -379,4 +380,60 @@ export function parseGenerateRequest(raw: unknown, limits: ValidationLimits): Ge
   const sampling = parseSampling(body, limits, body.max_tokens ?? null, "max_tokens", body.logprobs ?? -1);
   if (sampling.n !== 1) throw badRequest("/generate runs one sequence per request (n must be 1)", "n");
   return { ...sampling, promptTokenIds: ids, prompt };
+}
+
+// ---- /v1/audio/speech -----------------------------------------------------
+
+/** OpenAI's limit on the text of one speech request. */
+export const MAX_SPEECH_INPUT_CHARS = 4096;
+
+export interface SpeechRequest {
+  model: string | null;
+  input: string;
+  voice: string;
+  format: SpeechFormat;
+  temperature: number;
+  seed: number | null;
+  /** null: the model's own cap. */
+  maxTokens: number | null;
+}
+
+const speechSchema = z.object({
+  model: opt(z.string()),
+  input: z.string().min(1, "a non-empty string").max(MAX_SPEECH_INPUT_CHARS, `at most ${MAX_SPEECH_INPUT_CHARS} characters`),
+  voice: z.string().min(1, "a non-empty string"),
+  response_format: opt(z.string()),
+  speed: opt(z.number()),
+  instructions: opt(z.string()),
+  stream_format: opt(z.string()),
+  temperature: samplingShape.temperature,
+  seed: samplingShape.seed,
+  max_tokens: samplingShape.max_tokens,
+});
+
+/**
+ * OpenAI's speech request plus Baton's `seed`, `temperature` and `max_tokens`.
+ * The default format is wav (OpenAI's mp3 is not produced); formats, speeds and
+ * options that would change the audio and are not implemented are refused by name.
+ */
+export function parseSpeechRequest(raw: unknown): SpeechRequest {
+  const body = parseWith(speechSchema, raw);
+  const format = body.response_format ?? "wav";
+  if (!(SPEECH_FORMATS as readonly string[]).includes(format)) {
+    throw badRequest(`response_format ${JSON.stringify(format)} is not supported (supported: ${SPEECH_FORMATS.join(", ")})`, "response_format");
+  }
+  if (body.speed != null && body.speed !== 1) throw badRequest(`speed ${body.speed} is not supported (only 1.0)`, "speed");
+  if (body.instructions != null && body.instructions !== "") throw badRequest("instructions are not supported by this model", "instructions");
+  if (body.stream_format != null && body.stream_format !== "audio") {
+    throw badRequest(`stream_format ${JSON.stringify(body.stream_format)} is not supported (only "audio")`, "stream_format");
+  }
+  return {
+    model: body.model ?? null,
+    input: body.input,
+    voice: body.voice,
+    format: format as SpeechFormat,
+    temperature: body.temperature ?? 1.0,
+    seed: body.seed ?? null,
+    maxTokens: body.max_tokens ?? null,
+  };
 }
