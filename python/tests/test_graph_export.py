@@ -630,3 +630,30 @@ def test_graph_objects_are_immutable_and_equal_by_value():
     # Sets of input names export sorted, lists in the author's order.
     assert GraphNode("n", {"b", "a"}, []).input_names == ("a", "b")
     assert GraphNode("n", ["b", "a"], []).input_names == ("b", "a")
+
+
+def test_default_transitions_run_a_producer_once_and_a_stream_consumer_per_chunk():
+    class EncodeDecode(GraphModel):
+        def get_node_engine_types(self):
+            return {"enc": EngineType.STATELESS, "dec": EngineType.STATELESS}
+
+        def get_graph_walk_graphs(self):
+            return {
+                "encode": GraphNode("enc", ["pixels"], [StreamingGraphEdge("dec", "frames", "decoder")]),
+                "decode": GraphNode("dec", ["frames"], [GraphEdge(EMIT_TO_CLIENT, "video", output_modality="video")]),
+            }
+
+        def get_partition_topology(self):
+            return PartitionTopology(
+                ["encoder", "decoder"], [Connection("encoder", "decoder", "frames", lambda: FixedChunkPolicy(4))]
+            )
+
+        def get_partitions(self):
+            return {"encoder": {"encode"}, "decoder": {"decode"}}
+
+    encoder, decoder = export_graph(EncodeDecode())["partitions"]
+    assert (encoder["start"], encoder["after"]) == (
+        walk_step("encode", [("enc", "pixels", "prompt", "pixels")]),
+        {"encode": walk_step("")},
+    )
+    assert (decoder["start"], decoder["after"]) == (walk_step("decode"), {"decode": walk_step("decode")})

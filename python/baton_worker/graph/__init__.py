@@ -21,6 +21,7 @@ from .model import (
     ForwardPassArgs,
     GraphModel,
     PartitionTransitions,
+    Transition,
     WalkInput,
     WalkStep,
 )
@@ -31,9 +32,6 @@ from .streaming import (
     PartitionTopology,
     SlidingWindowChunkPolicy,
 )
-
-# The contract's name for a partition's declarative transitions.
-Transition = PartitionTransitions
 
 __all__ = [
     "EMIT_TO_CLIENT",

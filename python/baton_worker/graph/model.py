@@ -104,6 +104,10 @@ class PartitionTransitions:
         object.__setattr__(self, "after", steps)
 
 
+# The contract's short name for a partition's declarative transitions.
+Transition = PartitionTransitions
+
+
 @dataclass
 class ConductorMetadata:
     """What a transition hook knows about a request's partition (M*'s

@@ -71,7 +71,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def is_token_ids(tensor: torch.Tensor) -> bool:
     """The one rule for prompt values: a 1-D integer tensor is token ids."""
-    return tensor.dim() == 1 and not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool
+    dtype = tensor.dtype
+    return tensor.dim() == 1 and not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
 # ---- the tensor store --------------------------------------------------------------
@@ -318,7 +319,9 @@ class NodeRunner:
 
         results = [PassResult(p.pass_id, p.request_id) for p in passes]
         infos = [
-            PassInfo(p.pass_id, p.request_id, graph_walk, node, dict(p.chunks), dict(p.step_metadata), dict(p.request_kwargs))
+            PassInfo(
+                p.pass_id, p.request_id, graph_walk, node, dict(p.chunks), dict(p.step_metadata), dict(p.request_kwargs)
+            )
             for p in passes
         ]
 
@@ -390,7 +393,7 @@ class NodeRunner:
                 raise TypeError("check_stop must return a set of loop names")
             stage = "postprocess"
             chunks = [
-                ClientChunk(name, modality, self._postprocess(tensor, modality, info.request_kwargs), self._metadata(name, modality))
+                self._client_chunk(name, modality, tensor, info.request_kwargs)
                 for name, modality in declared.emitted
                 for tensor in outputs.get(name, [])
             ]
@@ -404,17 +407,16 @@ class NodeRunner:
             name: [self.store.put(t.detach()) for t in outputs.get(name, [])] for name in declared.stored
         }
 
-    def _postprocess(self, tensor: torch.Tensor, modality: str, request_kwargs: Mapping[str, Any]) -> bytes:
+    def _client_chunk(
+        self, name: str, modality: str, tensor: torch.Tensor, request_kwargs: Mapping[str, Any]
+    ) -> ClientChunk:
         data = self.model.postprocess(tensor, modality, dict(request_kwargs))
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"postprocess must return bytes, got {type(data).__name__}")
-        return bytes(data)
-
-    def _metadata(self, name: str, modality: str) -> dict[str, Any]:
         metadata: dict[str, Any] = {"output": name}
         if modality == "audio" and self._sample_rate is not None:
             metadata["sample_rate"] = self._sample_rate
-        return metadata
+        return ClientChunk(name, modality, bytes(data), metadata)
 
     def _fail(self, node: str, stage: str, exc: Exception, who: NodePass | PassInfo) -> str:
         log.warning("node %s: %s failed for request %s", node, stage, who.request_id, exc_info=exc)
@@ -423,14 +425,15 @@ class NodeRunner:
     # -- outputs the conductor sends to the client later (loop outputs) --------------
 
     def postprocess_stored(
-        self, name: str, values: Sequence[TensorDescriptor], modality: str, request_kwargs: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        values: Sequence[TensorDescriptor],
+        modality: str,
+        request_kwargs: Mapping[str, Any] | None = None,
     ) -> list[ClientChunk]:
         """Client bytes for stored tensors (a loop's outputs bound for the client).
         Raises on failure: the caller fails that request. Releases nothing."""
-        return [
-            ClientChunk(name, modality, self._postprocess(self.store.get(v.handle), modality, request_kwargs or {}), self._metadata(name, modality))
-            for v in values
-        ]
+        return [self._client_chunk(name, modality, self.store.get(v.handle), request_kwargs or {}) for v in values]
 
     # -- lifetime ----------------------------------------------------------------------
 
