@@ -332,3 +332,11 @@ def test_tensor_store_reference_counts():
     assert e.handle != d.handle  # handles are never reused
     with pytest.raises(ValueError, match="releasing 2 references of 1"):
         store.release(e.handle, 2)
+
+
+def test_default_postprocess_gives_the_tensors_raw_bytes_in_any_dtype():
+    model = GraphModel()
+    for dtype in (torch.float32, torch.int16, torch.bfloat16):
+        t = torch.arange(6, dtype=dtype).reshape(2, 3)
+        assert model.postprocess(t, "embedding") == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert model.postprocess(torch.tensor(1.5), "embedding") == np.float32(1.5).tobytes()

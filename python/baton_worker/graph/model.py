@@ -241,8 +241,9 @@ class GraphModel:
 
     def postprocess(self, output: torch.Tensor, modality: str, request_kwargs: dict | None = None) -> bytes:
         """Bytes for the client from one tensor of an EMIT_TO_CLIENT edge.
-        Default: the tensor's raw little-endian bytes."""
-        return output.detach().to("cpu").contiguous().numpy().tobytes()
+        Default: the tensor's raw bytes in its own dtype (native byte order)."""
+        # Through uint8, so dtypes numpy lacks (bfloat16) work too.
+        return output.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
     def get_output_sample_rate(self, modality: str = "audio") -> int | None:
         """Sample rate of audio outputs; None for a model without audio."""
