@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -164,19 +170,158 @@ def test_encode_rejects_nil_in_required_field():
         protocol.encode(protocol.Pong(None))
 
 
-def test_dataclasses_mirror_schema():
+def test_schema_defaults_are_the_dataclass_defaults():
     doc = json.loads((REPO / "protocol" / "schema.json").read_text())
     assert protocol.PROTOCOL_VERSION == doc["protocol_version"]
+    for name, defaults in doc["defaults"].items():
+        made = protocol.STRUCT_CLASSES.get(name, protocol.MESSAGE_CLASSES.get(name))()
+        assert protocol.to_plain(made) == defaults
+    sampling = protocol.SamplingParams()
+    assert isinstance(sampling.temperature, float) and isinstance(sampling.top_k, int)
+    assert sampling.suppress_token_ids.dtype == np.int32
+    assert protocol.SamplingParams().suppress_token_ids is not sampling.suppress_token_ids  # a fresh array each time
+
+
+def test_every_schema_message_has_a_class_and_tag():
+    doc = json.loads((REPO / "protocol" / "schema.json").read_text())
     for name, spec in doc["messages"].items():
-        fields = [f.name for f in dataclasses.fields(protocol.MESSAGE_CLASSES[name])]
-        assert fields == [f for f, _ in spec["fields"]]
+        assert [f.name for f in dataclasses.fields(protocol.MESSAGE_CLASSES[name])] == [f for f, _ in spec["fields"]]
         assert protocol.SCHEMA.messages[name].tag == spec["tag"]
     for name, spec in doc["structs"].items():
         assert [f.name for f in dataclasses.fields(protocol.STRUCT_CLASSES[name])] == [f for f, _ in spec]
 
 
-def test_schema_drift_fails_loudly(tmp_path):
+NODE = shutil.which("node")
+GENERATOR = REPO / "scripts" / "gen-protocol.mjs"
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not on PATH")
+def test_generated_wire_types_are_fresh():
+    run = subprocess.run([NODE, str(GENERATOR), "--check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr + "(run node scripts/gen-protocol.mjs and commit the result)"
+
+
+# ---------------------------------------------------------------- str[] and any
+# No message has these types yet, so they are tested through a codec for a
+# schema of one message, Probe, in the generated tables' shape.
+
+PROBE_SPECS = {
+    "Probe": (
+        "probe",
+        "worker",
+        (
+            ("names", "str[]", False, None),
+            ("maybe_names", "str[]", True, None),
+            ("graph", "any", False, None),
+            ("maybe_graph", "any", True, None),
+        ),
+    )
+}
+
+
+@dataclass
+class Probe:
+    names: list[str]
+    maybe_names: list[str] | None
+    graph: Any
+    maybe_graph: Any = None
+
+
+PROBE = protocol.Codec(protocol.schema_from_tables(1, {}, PROBE_SPECS), {}, {"Probe": Probe})
+GRAPH = {
+    "nodes": [{"name": "llm", "engine": "kv_cache", "inputs": []}, {"name": "codec", "engine": "stateless", "inputs": ["llm"]}],
+    "window": {"size": 28, "stride": 7},
+    "weights": b"\x01\x02\x03",
+    "ratio": 0.5,
+    "unset": None,
+}
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Probe(["llm", "ünïcödé ✓", ""], ["x"], GRAPH, [1, "two", None]),
+        Probe(["llm"], None, GRAPH, None),
+        Probe([], [], 7, "text"),
+    ],
+    ids=["values", "nil-in-nullable-forms", "empty-and-scalars"],
+)
+def test_str_list_and_any_round_trip(message):
+    data = PROBE.encode(message)
+    assert PROBE.decode(data) == message
+    assert PROBE.encode(PROBE.decode(data)) == data
+
+
+def test_str_list_and_any_wire_form():
+    message = Probe(["a", "b"], None, {"a": [1, 2.5, None, True, "x", -0.0, 2.0**32, 1e-3], "b": b"\x01\x02"})
+    wire = msgpack.unpackb(PROBE.encode(message))
+    assert wire[:3] == ["probe", ["a", "b"], None]
+    # The same hex is pinned in test/transport/codec.test.ts: msgpackr writes these bytes too.
+    assert PROBE.encode(message).hex().endswith(
+        "82a1619801cb4004000000000000c0c3a17800cb41f0000000000000cb3f50624dd2f1a9fca162c4020102c0"
+    )
+    # Numbers inside any follow the canonical rule; tuples and numpy scalars are accepted as their plain forms.
+    assert PROBE.to_wire(Probe([], None, (np.int64(3), np.float32(0.5), 2.0)))[3] == [3, 0.5, 2]
+
+
+@pytest.mark.parametrize(
+    "frame,error",
+    [
+        (["probe", "llm", None, 1, None], r"^Probe\.names: expected str\[\] \(array\), got str"),
+        (["probe", ["a", 2], None, 1, None], r"^Probe\.names\[1\]: expected str, got int"),
+        (["probe", None, None, 1, None], r"^Probe\.names: expected a value, got nil"),
+        (["probe", [], [None], 1, None], r"^Probe\.maybe_names\[0\]: expected str, got nil"),
+        (["probe", [], None, None, None], r"^Probe\.graph: expected a value, got nil"),
+        (["probe", [], None, {"a": [msgpack.Timestamp(0)]}, None], r"^Probe\.graph\.a\[0\]: expected a plain MessagePack value, got timestamp"),
+        (["probe", [], None, [msgpack.ExtType(5, b"x")], None], r"^Probe\.graph\[0\]: expected a plain MessagePack value, got extension type 5"),
+        (["probe", [], None, [{1: "x"}], None], r"^Probe\.graph\[0\]: expected map keys to be str, got int"),
+        (["probe", [], None, 1, {b"k": 1}], r"^Probe\.maybe_graph: expected map keys to be str, got bin"),
+    ],
+)
+def test_str_list_and_any_decode_errors_name_the_field(frame, error):
+    with pytest.raises(ProtocolError, match=error):
+        PROBE.decode(msgpack.packb(frame, use_bin_type=True))
+
+
+@pytest.mark.parametrize(
+    "message,error",
+    [
+        (Probe(["a", 1], None, 1), r"^Probe\.names\[1\]: expected str, got int"),
+        (Probe("ab", None, 1), r"^Probe\.names: expected str\[\] \(list\), got str"),
+        (Probe([], None, None), r"^Probe\.graph: is nil but the field is not nullable"),
+        (Probe([], None, {"a": {1, 2}}), r"^Probe\.graph\.a: expected a plain MessagePack value .*, got set"),
+        (Probe([], None, {1: "x"}), r"^Probe\.graph: expected dict keys to be str, got int"),
+        (Probe([], None, 1, [np.zeros(2)]), r"^Probe\.maybe_graph\[0\]: expected a plain MessagePack value .*, got ndarray"),
+    ],
+)
+def test_str_list_and_any_encode_errors_name_the_field(message, error):
+    with pytest.raises(ProtocolError, match=error):
+        PROBE.encode(message)
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not on PATH")
+def test_generated_module_for_a_schema_with_str_list_and_any(tmp_path, monkeypatch):
+    """gen-protocol's Python for a schema with the new types: annotations, defaults, and a working codec."""
     doc = json.loads((REPO / "protocol" / "schema.json").read_text())
-    doc["messages"]["Ping"]["fields"].append(["extra", "int"])
-    with pytest.raises(RuntimeError, match="Ping: dataclass fields"):
-        protocol._check_against_schema(protocol.parse_schema(doc))
+    doc["messages"]["Probe"] = {"tag": "probe", "from": "worker", "fields": [["names", "str[]"], ["graph", "any"], ["maybe_graph", "any?"]]}
+    doc["defaults"]["Probe"] = {"graph": {"nodes": ["llm"], "persist": True}, "maybe_graph": None}
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(doc))
+    run = subprocess.run([NODE, str(GENERATOR), "--schema", str(schema), "--root", str(tmp_path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    spec = importlib.util.spec_from_file_location("probe_wire_types", tmp_path / "python" / "baton_worker" / "wire_types.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+
+    assert [(f.name, f.type) for f in dataclasses.fields(module.Probe)] == [("names", "list[str]"), ("graph", "Any"), ("maybe_graph", "Any")]
+    first, second = module.Probe(["a"]), module.Probe(["b"])
+    assert first.graph == {"nodes": ["llm"], "persist": True} and first.maybe_graph is None
+    assert first.graph is not second.graph  # a fresh default each time
+    codec = protocol.Codec(
+        protocol.schema_from_tables(module.PROTOCOL_VERSION, module.STRUCT_FIELDS, module.MESSAGE_SPECS),
+        module.STRUCT_CLASSES,
+        module.MESSAGE_CLASSES,
+    )
+    assert codec.decode(codec.encode(first)) == first
+    assert msgpack.unpackb(codec.encode(first)) == ["probe", ["a"], {"nodes": ["llm"], "persist": True}, None]

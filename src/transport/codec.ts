@@ -4,6 +4,7 @@
 // bytes (MessagePack bin). Decoded numeric arrays are typed-array views over
 // the received buffer, copied only when the bytes are not aligned for the
 // element type. Every malformed input becomes a ProtocolError naming the field.
+// The field tables come from messages.ts, generated from the schema with the types.
 //
 // Canonical numbers: msgpackr already packs a number whose value is an integer
 // in [-2^31, 2^32) as the smallest MessagePack integer and any other number as
@@ -13,16 +14,19 @@
 import { Packr } from "msgpackr";
 import { endianness } from "node:os";
 import { ProtocolError, type WireMessage, type EngineToWorkerMessage, type WorkerToEngineMessage } from "./messages.js";
-import { checkSchemaAgreement } from "./schema-check.js";
 import { loadSchema, type Schema, type SchemaField, type SchemaMessage, type WireType } from "./schema.js";
 
 const LITTLE_ENDIAN_HOST = endianness() === "LE";
 
 // Plain MessagePack only: no record extension, no bundled strings, no typed-array
 // extensions (typed arrays are turned into Uint8Array views before packing).
+// Maps decode as Map so that an `any` value's non-string keys can be refused
+// (as Python does) rather than silently turned into strings; variableMapSize
+// writes the smallest map header, as Python's msgpack does (only `any` holds maps).
 const packr = new Packr({
   useRecords: false,
-  mapsAsObjects: true,
+  mapsAsObjects: false,
+  variableMapSize: true,
   moreTypes: false,
   bundleStrings: false,
   structuredClone: false,
@@ -45,6 +49,7 @@ export function describeValue(value: unknown): string {
   if (Array.isArray(value)) return `array(${value.length})`;
   if (ArrayBuffer.isView(value)) return value.constructor.name;
   if (value instanceof Date) return "timestamp";
+  if (value instanceof Map) return "map";
   if (typeof value === "object") {
     const name = value.constructor?.name;
     return name === undefined || name === "Object" ? "map" : name;
@@ -109,6 +114,50 @@ function arrayFromBytes(bin: Uint8Array, kind: NumericArrayKind, path: string): 
   if (bin.byteOffset % bytes === 0) return new ctor(buffer, bin.byteOffset, length);
   // Unaligned inside the received frame: one copy into fresh, aligned memory.
   return new ctor(buffer.slice(bin.byteOffset, bin.byteOffset + bin.byteLength));
+}
+
+// ---- any: plain MessagePack data passed through ----------------------------
+
+const ANY_VALUE = "a plain MessagePack value (nil, bool, number, string, Uint8Array, array, or object)";
+
+function isPlainObject(value: object): boolean {
+  const proto: unknown = Object.getPrototypeOf(value);
+  return proto === Object.prototype || proto === null;
+}
+
+/** Checks that msgpackr will pack `value` as plain MessagePack (no extension types) and returns it untouched. */
+function checkAnyValue(value: unknown, path: string): unknown {
+  if (value === null || typeof value === "boolean" || typeof value === "number" || typeof value === "string") return value;
+  if (typeof value === "object") {
+    if (value.constructor === Uint8Array || value instanceof Buffer) return value;
+    if (Array.isArray(value)) {
+      value.forEach((item: unknown, i) => checkAnyValue(item, `${path}[${i}]`));
+      return value;
+    }
+    if (isPlainObject(value)) {
+      for (const [key, item] of Object.entries(value)) checkAnyValue(item, `${path}.${key}`);
+      return value;
+    }
+  }
+  throw mismatch(path, ANY_VALUE, value);
+}
+
+/** The decoded `any` value: maps become plain objects, bin a Uint8Array view, 64-bit ints numbers. */
+function anyFromWire(value: unknown, path: string): unknown {
+  if (value === null || typeof value === "boolean" || typeof value === "number" || typeof value === "string") return value;
+  if (typeof value === "bigint") return toInt(value, path);
+  if (value instanceof Uint8Array) return value instanceof Buffer ? new Uint8Array(value.buffer, value.byteOffset, value.byteLength) : value;
+  if (Array.isArray(value)) return value.map((item: unknown, i) => anyFromWire(item, `${path}[${i}]`));
+  if (value instanceof Map) {
+    const out: Record<string, unknown> = {};
+    for (const [key, item] of value as Map<unknown, unknown>) {
+      if (typeof key !== "string") throw new ProtocolError(`${path}: expected map keys to be strings, got ${describeValue(key)}`, path);
+      // defineProperty: a "__proto__" key stays an ordinary key.
+      Object.defineProperty(out, key, { value: anyFromWire(item, `${path}.${key}`), enumerable: true, writable: true, configurable: true });
+    }
+    return out;
+  }
+  throw mismatch(path, "a plain MessagePack value", value);
 }
 
 // ---- per-type encoders and decoders, built once from the schema -------------
@@ -216,6 +265,17 @@ class CodecBuilder {
           });
           return v;
         };
+      case "str[]":
+        return (v, p) => {
+          if (!Array.isArray(v)) throw mismatch(p, "array of string", v);
+          v.forEach((x, i) => checkString(x, `${p}[${i}]`));
+          return v;
+        };
+      case "any":
+        return (v, p) => {
+          if (v === null) throw mismatch(p, "a value (any; nil needs any?)", v);
+          return checkAnyValue(v, p);
+        };
       case "struct": {
         const fields = this.fieldsEncoder(this.structFields(type.struct));
         return (v, p) => {
@@ -258,6 +318,16 @@ class CodecBuilder {
         return (v, p) => {
           if (!Array.isArray(v)) throw mismatch(p, "array of int", v);
           return v.map((x: unknown, i) => toInt(x, `${p}[${i}]`));
+        };
+      case "str[]":
+        return (v, p) => {
+          if (!Array.isArray(v)) throw mismatch(p, "array of string", v);
+          return v.map((x: unknown, i) => checkString(x, `${p}[${i}]`));
+        };
+      case "any":
+        return (v, p) => {
+          if (v === null) throw mismatch(p, "a value (any; nil needs any?)", v);
+          return anyFromWire(v, p);
         };
       case "struct": {
         const schemaFields = this.structFields(type.struct);
@@ -345,18 +415,11 @@ export function createCodec(schema: Schema): Codec {
 
 let defaultCodec: Codec | undefined;
 
-/** The codec for protocol/schema.json, checked against messages.ts on first use. */
+/** The codec for protocol/schema.json (through the tables generated into messages.ts). */
 export function wireCodec(): Codec {
-  if (defaultCodec === undefined) {
-    const schema = loadSchema();
-    checkSchemaAgreement(schema);
-    defaultCodec = createCodec(schema);
-  }
+  defaultCodec ??= createCodec(loadSchema());
   return defaultCodec;
 }
-
-// Build (and check) at import time so a drifted schema fails at start-up, not on the first step.
-wireCodec();
 
 export function encode(message: WireMessage): Buffer {
   return wireCodec().encode(message);
@@ -366,7 +429,7 @@ export function decode(bytes: Uint8Array): WireMessage {
   return wireCodec().decode(bytes);
 }
 
-const ENGINE_KINDS = new Set(["Step", "Ping", "Shutdown"]);
+const ENGINE_KINDS: ReadonlySet<string> = new Set([...loadSchema().messages.values()].filter((m) => m.from === "engine").map((m) => m.name));
 
 /** Decodes a message the worker sent; a message only the engine may send is a ProtocolError. */
 export function decodeWorkerMessage(bytes: Uint8Array): WorkerToEngineMessage {

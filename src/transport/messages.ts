@@ -1,9 +1,18 @@
-// Wire messages between the engine core and the model worker.
-// Field names and order mirror protocol/schema.json exactly; the codec checks
-// these types against that file at start-up, and test/transport tests pin them.
+// Generated from protocol/schema.json by scripts/gen-protocol.mjs — do not edit.
+// Change the schema and run `node scripts/gen-protocol.mjs` (npm run build does);
+// test/transport/generated.test.ts fails while this file is stale.
+
+import type { WireTables } from "./schema.js";
+
+export { ProtocolError } from "./protocol-error.js";
 
 export const PROTOCOL_VERSION = 1;
 
+/**
+ * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
+ * seed nil: the worker's global generator; otherwise a per-request generator seeded once, so the output does not depend on the rest of the batch.
+ * suppress_token_ids are masked out while the request has fewer than min_tokens output tokens.
+ */
 export interface SamplingParams {
   temperature: number;
   top_p: number;
@@ -31,6 +40,14 @@ export interface StepTimings {
   sample_ms: number;
 }
 
+/**
+ * Steps are executed strictly in step_id order.
+ * removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
+ * added: requests the worker has not seen; token_ids are all tokens known at admission (prompt, plus earlier outputs for a resumed request); the first num_prompt_tokens of them are the prompt (penalties count only the rest and what is sampled later).
+ * Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
+ * new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
+ * sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
+ */
 export interface StepMessage {
   kind: "Step";
   step_id: number;
@@ -66,6 +83,11 @@ export interface ReadyMessage {
   worker_pid: number;
 }
 
+/**
+ * req_ids / token_ids: one entry per sampled row, in row order.
+ * logprobs: the sampled token's log-probability per sampled row, nil when no row asked (SamplingParams.logprobs < 0).
+ * top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many).
+ */
 export interface StepResultMessage {
   kind: "StepResult";
   step_id: number;
@@ -83,22 +105,119 @@ export interface PongMessage {
   nonce: number;
 }
 
+/**
+ * The worker cannot go on (for example it cannot load the model); it exits non-zero right after sending this.
+ */
 export interface FatalMessage {
   kind: "Fatal";
   message: string;
 }
 
+/** Messages the engine sends. */
 export type EngineToWorkerMessage = StepMessage | PingMessage | ShutdownMessage;
+/** Messages the worker sends. */
 export type WorkerToEngineMessage = ReadyMessage | StepResultMessage | PongMessage | FatalMessage;
 export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
-/** A message that does not match the schema; `field` names where decoding stopped. */
-export class ProtocolError extends Error {
-  constructor(
-    message: string,
-    readonly field: string,
-  ) {
-    super(message);
-    this.name = "ProtocolError";
-  }
-}
+/** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
+export const WIRE_TABLES: WireTables = {
+  protocolVersion: 1,
+  structs: {
+    SamplingParams: [
+      { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "top_p", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "top_k", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "min_p", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "seed", type: { kind: "int", nullable: true, text: "int?" } },
+      { name: "presence_penalty", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "frequency_penalty", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "repetition_penalty", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "min_tokens", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "suppress_token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "logprobs", type: { kind: "int", nullable: false, text: "int" } },
+    ],
+    AddedRequest: [
+      { name: "req_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "num_prompt_tokens", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "sampling", type: { kind: "struct", struct: "SamplingParams", nullable: false, text: "SamplingParams" } },
+    ],
+    StepTimings: [
+      { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "forward_ms", type: { kind: "float", nullable: false, text: "float" } },
+      { name: "sample_ms", type: { kind: "float", nullable: false, text: "float" } },
+    ],
+  },
+  messages: {
+    Step: {
+      tag: "step",
+      from: "engine",
+      fields: [
+        { name: "step_id", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "added", type: { kind: "struct[]", struct: "AddedRequest", nullable: false, text: "AddedRequest[]" } },
+        { name: "removed", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "req_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "num_new_tokens", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "num_computed", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "new_block_counts", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "new_block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "sample", type: { kind: "u8[]", nullable: false, text: "u8[]" } },
+      ],
+    },
+    Ping: {
+      tag: "ping",
+      from: "engine",
+      fields: [
+        { name: "nonce", type: { kind: "int", nullable: false, text: "int" } },
+      ],
+    },
+    Shutdown: {
+      tag: "shutdown",
+      from: "engine",
+      fields: [],
+    },
+    Ready: {
+      tag: "ready",
+      from: "worker",
+      fields: [
+        { name: "protocol_version", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "num_blocks", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "block_size", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "max_model_len", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "vocab_size", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "architecture", type: { kind: "str", nullable: false, text: "str" } },
+        { name: "dtype", type: { kind: "str", nullable: false, text: "str" } },
+        { name: "device", type: { kind: "str", nullable: false, text: "str" } },
+        { name: "worker_pid", type: { kind: "int", nullable: false, text: "int" } },
+      ],
+    },
+    StepResult: {
+      tag: "result",
+      from: "worker",
+      fields: [
+        { name: "step_id", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "req_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
+        { name: "top_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "top_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "top_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
+        { name: "timings", type: { kind: "struct", struct: "StepTimings", nullable: false, text: "StepTimings" } },
+      ],
+    },
+    Pong: {
+      tag: "pong",
+      from: "worker",
+      fields: [
+        { name: "nonce", type: { kind: "int", nullable: false, text: "int" } },
+      ],
+    },
+    Fatal: {
+      tag: "fatal",
+      from: "worker",
+      fields: [
+        { name: "message", type: { kind: "str", nullable: false, text: "str" } },
+      ],
+    },
+  },
+};

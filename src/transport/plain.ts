@@ -30,6 +30,11 @@ function plainValue(schema: Schema, type: WireType, value: unknown, path: string
       return Array.from(value as ArrayLike<number>);
     case "int[]":
       return [...(value as number[])];
+    case "str[]":
+      return [...(value as string[])];
+    case "any":
+      // JSON-shaped any values only (bin inside an any has no JSON form).
+      return value as Json;
     case "struct":
       return plainFields(schema, schema.structs.get(type.struct) ?? [], value as Record<string, unknown>, path);
     case "struct[]":
@@ -68,6 +73,11 @@ function fromPlainValue(schema: Schema, type: WireType, value: unknown, path: st
       return Uint8Array.from(numbers());
     case "int[]":
       return [...numbers()];
+    case "str[]":
+      if (!Array.isArray(value) || !value.every((x) => typeof x === "string")) throw new ProtocolError(`${path}: expected a list of strings`, path);
+      return [...(value as string[])];
+    case "any":
+      return value;
     case "struct":
       return fromPlainFields(schema, schema.structs.get(type.struct) ?? [], value, path);
     case "struct[]":

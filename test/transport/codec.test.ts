@@ -6,7 +6,7 @@ import { describe, test } from "node:test";
 import { Packr } from "msgpackr";
 import { decode, decodeEngineMessage, decodeWorkerMessage, encode } from "../../src/transport/codec.js";
 import { ProtocolError, type StepMessage, type WireMessage } from "../../src/transport/messages.js";
-import { everyKind, result, step } from "./fixtures.js";
+import { everyKind, probeCodec, result, step, type ProbeMessage } from "./fixtures.js";
 
 // Same options as the codec: plain MessagePack, so we can build malformed frames.
 const raw = new Packr({ useRecords: false, mapsAsObjects: true, moreTypes: false, useFloat32: 0 });
@@ -197,4 +197,92 @@ describe("malformed input names the field", () => {
     assert.throws(() => encode({ kind: "Fatal" } as unknown as WireMessage), { name: "ProtocolError", message: "Fatal.message: missing" });
     assert.throws(() => encode({ kind: "Nope" } as unknown as WireMessage), { name: "ProtocolError", field: "kind" });
   });
+});
+
+describe("str[] and any", () => {
+  const probe = probeCodec();
+  const encodeProbe = (message: ProbeMessage): Buffer => probe.encode(message as unknown as WireMessage);
+  const decodeProbe = (bytes: Uint8Array): ProbeMessage => probe.decode(bytes) as unknown as ProbeMessage;
+  const graph = {
+    nodes: [{ name: "llm", engine: "kv_cache", inputs: [] }, { name: "codec", engine: "stateless", inputs: ["llm"] }],
+    window: { size: 28, stride: 7 },
+    weights: Uint8Array.from([1, 2, 3]),
+    ratio: 0.5,
+    unset: null,
+    __proto__key: { "__proto__": 1 },
+  };
+  const message = (overrides: Partial<ProbeMessage> = {}): ProbeMessage => ({
+    kind: "Probe",
+    names: ["llm", "ünïcödé ✓", ""],
+    maybe_names: ["x"],
+    graph,
+    maybe_graph: [1, "two", null],
+    ...overrides,
+  });
+
+  for (const [name, value] of [
+    ["values", message()],
+    ["nil in the nullable forms", message({ maybe_names: null, maybe_graph: null })],
+    ["empty lists and scalars as any", message({ names: [], maybe_names: [], graph: 7, maybe_graph: "text" })],
+  ] as const) {
+    test(`round trip: ${name}`, () => {
+      const bytes = encodeProbe(value);
+      assert.deepStrictEqual(decodeProbe(bytes), value);
+      assert.equal(hex(encodeProbe(decodeProbe(bytes))), hex(bytes));
+    });
+  }
+
+  test("a __proto__ key inside any stays an ordinary key", () => {
+    const decoded = decodeProbe(raw.pack(["probe", [], null, new Map([["__proto__", 1]]), null])).graph as Record<string, unknown>;
+    assert.equal(Object.getPrototypeOf(decoded), Object.prototype);
+    assert.deepStrictEqual(Object.keys(decoded), ["__proto__"]);
+  });
+
+  test("str[] is an array of str; any is the value's own MessagePack, canonical numbers included", () => {
+    const frame = raw.unpack(encodeProbe(message({ maybe_names: null, graph: { a: [1, 2.5, null, true, "x", -0, 2 ** 32, 1e-3], b: Uint8Array.from([1, 2]) } })));
+    assert.deepStrictEqual((frame as unknown[]).slice(0, 3), ["probe", ["llm", "ünïcödé ✓", ""], null]);
+    // The same hex is pinned in python/tests/test_protocol.py: both languages write these bytes.
+    assert.ok(
+      hex(encodeProbe(message({ graph: { a: [1, 2.5, null, true, "x", -0, 2 ** 32, 1e-3], b: Uint8Array.from([1, 2]) } }))).includes(
+        "82a1619801cb4004000000000000c0c3a17800cb41f0000000000000cb3f50624dd2f1a9fca162c4020102",
+      ),
+    );
+    assert.ok(decodeProbe(encodeProbe(message())).graph !== graph, "decoding builds new values");
+    const weights = (decodeProbe(encodeProbe(message())).graph as { weights: Uint8Array }).weights;
+    assert.ok(weights instanceof Uint8Array && !(weights instanceof Buffer), "bin inside any is a plain Uint8Array");
+  });
+
+  const malformed: [string, unknown[], string, RegExp][] = [
+    ["str[] that is not an array", ["probe", "llm", null, 1, null], "Probe.names", /expected array of string, got string/],
+    ["a non-string inside str[]", ["probe", ["a", 2], null, 1, null], "Probe.names[1]", /expected string, got int/],
+    ["nil in str[]", ["probe", null, null, 1, null], "Probe.names", /expected array of string, got nil/],
+    ["nil inside str[]?", ["probe", [], [null], 1, null], "Probe.maybe_names[0]", /expected string, got nil/],
+    ["nil in any", ["probe", [], null, null, null], "Probe.graph", /expected a value \(any; nil needs any\?\), got nil/],
+    ["an extension value inside any", ["probe", [], null, { a: [new Date(0)] }, null], "Probe.graph.a[0]", /expected a plain MessagePack value, got timestamp/],
+    ["a map with an int key inside any", ["probe", [], null, [new Map([[1, "x"]])], null], "Probe.graph[0]", /expected map keys to be strings, got int/],
+    ["an int beyond 2^53 inside any?", ["probe", [], null, 1, [2n ** 60n]], "Probe.maybe_graph[0]", /outside the safe integer range/],
+  ];
+  for (const [name, frame, field, pattern] of malformed) {
+    test(`decode names the field: ${name}`, () => {
+      assert.throws(
+        () => probe.decode(raw.pack(frame)),
+        (error: unknown) => error instanceof ProtocolError && error.field === field && pattern.test(error.message) && error.message.startsWith(field),
+      );
+    });
+  }
+
+  const unencodable: [string, Partial<ProbeMessage>, string][] = [
+    ["a number in str[]", { names: ["a", 1 as unknown as string] }, "Probe.names[1]: expected string, got int"],
+    ["nil for str[]", { names: null as unknown as string[] }, "Probe.names: expected array of string, got nil"],
+    ["nil for any", { graph: null }, "Probe.graph: expected a value (any; nil needs any?), got nil"],
+    ["undefined inside any", { graph: { a: undefined } }, "Probe.graph.a: expected a plain MessagePack value (nil, bool, number, string, Uint8Array, array, or object), got undefined"],
+    ["a typed array other than Uint8Array", { maybe_graph: [new Int32Array(2)] }, "Probe.maybe_graph[0]: expected a plain MessagePack value (nil, bool, number, string, Uint8Array, array, or object), got Int32Array"],
+    ["a Map", { graph: new Map() }, "Probe.graph: expected a plain MessagePack value (nil, bool, number, string, Uint8Array, array, or object), got map"],
+    ["a bigint", { graph: { n: 5n } }, "Probe.graph.n: expected a plain MessagePack value (nil, bool, number, string, Uint8Array, array, or object), got int64"],
+  ];
+  for (const [name, overrides, error] of unencodable) {
+    test(`encode names the field: ${name}`, () => {
+      assert.throws(() => encodeProbe(message(overrides)), { name: "ProtocolError", message: error });
+    });
+  }
 });

@@ -1,6 +1,58 @@
 // Hand-built messages shared by the transport tests.
 
+import { join } from "node:path";
+import { pathToFileURL } from "node:url";
+import { createCodec, type Codec } from "../../src/transport/codec.js";
 import type { AddedRequest, SamplingParams, StepMessage, StepResultMessage, WireMessage } from "../../src/transport/messages.js";
+import { packageRoot } from "../../src/transport/package-root.js";
+import { schemaFromTables, type WireTables } from "../../src/transport/schema.js";
+
+interface ParsedSchema {
+  tables: WireTables;
+  defaults: Record<string, Record<string, unknown>>;
+}
+
+/** scripts/gen-protocol.mjs as a module: the one parser of schema.json. */
+export interface Generator {
+  parseSchemaDocument(doc: unknown): ParsedSchema;
+  generateTypeScript(parsed: ParsedSchema): string;
+  generatePython(parsed: ParsedSchema): string;
+  TS_OUT: string;
+  PY_OUT: string;
+}
+
+export const generatorPath = join(packageRoot, "scripts", "gen-protocol.mjs");
+export const generator = (await import(pathToFileURL(generatorPath).href)) as Generator;
+
+/** A message with every str[] and any form, which no real message has yet. */
+export interface ProbeMessage {
+  kind: "Probe";
+  names: string[];
+  maybe_names: string[] | null;
+  graph: unknown;
+  maybe_graph: unknown;
+}
+
+/** A codec for a schema holding just Probe (tag "probe"), as gen-protocol parses it. */
+export function probeCodec(): Codec {
+  const doc = {
+    protocol_version: 1,
+    structs: {},
+    messages: {
+      Probe: {
+        tag: "probe",
+        from: "worker",
+        fields: [
+          ["names", "str[]"],
+          ["maybe_names", "str[]?"],
+          ["graph", "any"],
+          ["maybe_graph", "any?"],
+        ],
+      },
+    },
+  };
+  return createCodec(schemaFromTables(generator.parseSchemaDocument(doc).tables));
+}
 
 export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParams {
   return {

@@ -1,0 +1,238 @@
+"""Generated from protocol/schema.json by scripts/gen-protocol.mjs — do not edit.
+
+The wire's structs and messages as dataclasses (field order is wire order,
+defaults from the schema's "defaults"), and the field tables baton_worker.protocol
+runs its codec from. Import these through baton_worker.protocol.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "Step", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
+
+    seed nil: the worker's global generator; otherwise a per-request generator seeded once, so the output does not depend on the rest of the batch.
+
+    suppress_token_ids are masked out while the request has fewer than min_tokens output tokens."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    suppress_token_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    logprobs: int = -1
+
+
+@dataclass
+class AddedRequest:
+    req_id: int
+    token_ids: np.ndarray
+    num_prompt_tokens: int
+    sampling: SamplingParams
+
+
+@dataclass
+class StepTimings:
+    prepare_ms: float = 0.0
+    forward_ms: float = 0.0
+    sample_ms: float = 0.0
+
+
+@dataclass
+class Step:
+    """Steps are executed strictly in step_id order.
+
+    removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
+
+    added: requests the worker has not seen; token_ids are all tokens known at admission (prompt, plus earlier outputs for a resumed request); the first num_prompt_tokens of them are the prompt (penalties count only the rest and what is sampled later).
+
+    Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
+
+    new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
+
+    sample[i] = 1: sample one token from the last position of row i and append it to the request's token list."""
+
+    step_id: int
+    added: list[AddedRequest]
+    removed: np.ndarray
+    req_ids: np.ndarray
+    num_new_tokens: np.ndarray
+    num_computed: np.ndarray
+    new_block_counts: np.ndarray
+    new_block_ids: np.ndarray
+    sample: np.ndarray
+
+
+@dataclass
+class Ping:
+    nonce: int
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class Ready:
+    protocol_version: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    architecture: str
+    dtype: str
+    device: str
+    worker_pid: int
+
+
+@dataclass
+class StepResult:
+    """req_ids / token_ids: one entry per sampled row, in row order.
+
+    logprobs: the sampled token's log-probability per sampled row, nil when no row asked (SamplingParams.logprobs < 0).
+
+    top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many)."""
+
+    step_id: int
+    req_ids: np.ndarray
+    token_ids: np.ndarray
+    logprobs: np.ndarray | None
+    top_counts: np.ndarray | None
+    top_ids: np.ndarray | None
+    top_logprobs: np.ndarray | None
+    timings: StepTimings
+
+
+@dataclass
+class Pong:
+    nonce: int
+
+
+@dataclass
+class Fatal:
+    """The worker cannot go on (for example it cannot load the model); it exits non-zero right after sending this."""
+
+    message: str
+
+
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings}
+MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
+
+# Wire layout, in field order: (name, type, nullable, struct name or None).
+FieldSpec = tuple[str, str, bool, str | None]
+STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
+    "SamplingParams": (
+        ("temperature", "float", False, None),
+        ("top_p", "float", False, None),
+        ("top_k", "int", False, None),
+        ("min_p", "float", False, None),
+        ("seed", "int", True, None),
+        ("presence_penalty", "float", False, None),
+        ("frequency_penalty", "float", False, None),
+        ("repetition_penalty", "float", False, None),
+        ("min_tokens", "int", False, None),
+        ("suppress_token_ids", "i32[]", False, None),
+        ("logprobs", "int", False, None),
+    ),
+    "AddedRequest": (
+        ("req_id", "int", False, None),
+        ("token_ids", "i32[]", False, None),
+        ("num_prompt_tokens", "int", False, None),
+        ("sampling", "struct", False, "SamplingParams"),
+    ),
+    "StepTimings": (
+        ("prepare_ms", "float", False, None),
+        ("forward_ms", "float", False, None),
+        ("sample_ms", "float", False, None),
+    ),
+}
+# name -> (tag, sender, fields)
+MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
+    "Step": (
+        "step",
+        "engine",
+        (
+            ("step_id", "int", False, None),
+            ("added", "struct[]", False, "AddedRequest"),
+            ("removed", "i32[]", False, None),
+            ("req_ids", "i32[]", False, None),
+            ("num_new_tokens", "i32[]", False, None),
+            ("num_computed", "i32[]", False, None),
+            ("new_block_counts", "i32[]", False, None),
+            ("new_block_ids", "i32[]", False, None),
+            ("sample", "u8[]", False, None),
+        ),
+    ),
+    "Ping": (
+        "ping",
+        "engine",
+        (
+            ("nonce", "int", False, None),
+        ),
+    ),
+    "Shutdown": (
+        "shutdown",
+        "engine",
+        (),
+    ),
+    "Ready": (
+        "ready",
+        "worker",
+        (
+            ("protocol_version", "int", False, None),
+            ("num_blocks", "int", False, None),
+            ("block_size", "int", False, None),
+            ("max_model_len", "int", False, None),
+            ("vocab_size", "int", False, None),
+            ("architecture", "str", False, None),
+            ("dtype", "str", False, None),
+            ("device", "str", False, None),
+            ("worker_pid", "int", False, None),
+        ),
+    ),
+    "StepResult": (
+        "result",
+        "worker",
+        (
+            ("step_id", "int", False, None),
+            ("req_ids", "i32[]", False, None),
+            ("token_ids", "i32[]", False, None),
+            ("logprobs", "f32[]", True, None),
+            ("top_counts", "i32[]", True, None),
+            ("top_ids", "i32[]", True, None),
+            ("top_logprobs", "f32[]", True, None),
+            ("timings", "struct", False, "StepTimings"),
+        ),
+    ),
+    "Pong": (
+        "pong",
+        "worker",
+        (
+            ("nonce", "int", False, None),
+        ),
+    ),
+    "Fatal": (
+        "fatal",
+        "worker",
+        (
+            ("message", "str", False, None),
+        ),
+    ),
+}
