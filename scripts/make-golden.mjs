@@ -14,6 +14,152 @@ import { readFileSync, writeFileSync, existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
+// The one-node LLM graph as baton_worker.graph.llm exports it (max model length 4096).
+const LLM_GRAPH = {
+  "version": 1,
+  "nodes": [
+    {
+      "name": "llm",
+      "engine": "kv_cache",
+      "overlap": true
+    }
+  ],
+  "sections": [
+    {
+      "kind": "node",
+      "node": "llm",
+      "inputs": [
+        "text_inputs"
+      ],
+      "outputs": [
+        {
+          "to": "",
+          "name": "new_token",
+          "persist": true,
+          "new_token": true,
+          "modality": "",
+          "target_partition": ""
+        },
+        {
+          "to": "emit_to_client",
+          "name": "new_token",
+          "persist": false,
+          "new_token": false,
+          "modality": "text",
+          "target_partition": ""
+        }
+      ],
+      "accumulated_outputs": [],
+      "children": [],
+      "loop_name": "",
+      "max_iters": 0
+    },
+    {
+      "kind": "loop",
+      "node": "",
+      "inputs": [],
+      "outputs": [],
+      "accumulated_outputs": [],
+      "children": [
+        2
+      ],
+      "loop_name": "decode_loop",
+      "max_iters": 4096
+    },
+    {
+      "kind": "node",
+      "node": "llm",
+      "inputs": [
+        "text_inputs"
+      ],
+      "outputs": [
+        {
+          "to": "llm",
+          "name": "text_inputs",
+          "persist": false,
+          "new_token": false,
+          "modality": "",
+          "target_partition": ""
+        },
+        {
+          "to": "emit_to_client",
+          "name": "new_token",
+          "persist": false,
+          "new_token": false,
+          "modality": "text",
+          "target_partition": ""
+        }
+      ],
+      "accumulated_outputs": [],
+      "children": [],
+      "loop_name": "",
+      "max_iters": 0
+    }
+  ],
+  "walks": [
+    {
+      "name": "prefill",
+      "partition": "default",
+      "root": 0
+    },
+    {
+      "name": "decode",
+      "partition": "default",
+      "root": 1
+    }
+  ],
+  "partitions": [
+    {
+      "name": "default",
+      "walks": [
+        "prefill",
+        "decode"
+      ],
+      "start": {
+        "walk": "prefill",
+        "inputs": [
+          {
+            "node": "llm",
+            "name": "text_inputs",
+            "source": "prompt",
+            "source_name": "text_inputs"
+          }
+        ],
+        "release": []
+      },
+      "after": {
+        "prefill": {
+          "walk": "decode",
+          "inputs": [
+            {
+              "node": "llm",
+              "name": "text_inputs",
+              "source": "persist",
+              "source_name": "new_token"
+            }
+          ],
+          "release": [
+            "new_token"
+          ]
+        },
+        "decode": {
+          "walk": "",
+          "inputs": [],
+          "release": []
+        }
+      },
+      "python_transitions": false
+    }
+  ],
+  "connections": [],
+  "client_outputs": [
+    {
+      "name": "new_token",
+      "modality": "text"
+    }
+  ]
+};
+
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const codecPath = join(root, "dist", "src", "transport", "codec.js");
 if (!existsSync(codecPath)) {
@@ -123,7 +269,7 @@ const vectors = {
   ready: {
     message: "Ready",
     value: {
-      protocol_version: 1,
+      protocol_version: 2,
       num_blocks: 2048,
       block_size: 16,
       max_model_len: 4096,
@@ -132,6 +278,7 @@ const vectors = {
       dtype: "bfloat16",
       device: "cuda:0",
       worker_pid: 48213,
+      graph: LLM_GRAPH,
     },
   },
   // Sampled rows 7 and 10 (row 11 was a chunk), no logprobs asked.

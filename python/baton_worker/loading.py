@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, ModelConfig, load_model_config
+from .graph.export import export_graph
+from .graph.llm import LLMGraphModel
 from .kv_cache import KVCache, bytes_per_block
 from .loader import WeightReader, stderr_progress
 from .model import DecoderModel
@@ -119,5 +121,6 @@ def load_worker(opts: WorkerOptions) -> LoadedWorker:
         dtype=dtype_name(dtype),
         device=str(device),
         worker_pid=os.getpid(),
+        graph=export_graph(LLMGraphModel(max_model_len)),
     )
     return LoadedWorker(runner, ready, config)

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "Step", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 
 @dataclass
@@ -91,6 +91,8 @@ class Shutdown:
 
 @dataclass
 class Ready:
+    """graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode."""
+
     protocol_version: int
     num_blocks: int
     block_size: int
@@ -100,6 +102,7 @@ class Ready:
     dtype: str
     device: str
     worker_pid: int
+    graph: Any
 
 
 @dataclass
@@ -205,6 +208,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("dtype", "str", False, None),
             ("device", "str", False, None),
             ("worker_pid", "int", False, None),
+            ("graph", "any", False, None),
         ),
     ),
     "StepResult": (

@@ -53,7 +53,7 @@ def sample_messages() -> dict[str, object]:
         "ping": Ping(2**32 - 1),
         "ping_large": Ping(2**53 - 1),
         "shutdown": Shutdown(),
-        "ready": Ready(1, 4096, 16, 32768, 151936, "Qwen3ForCausalLM", "bfloat16", "cuda:0", 4242),
+        "ready": Ready(2, 4096, 16, 32768, 151936, "Qwen3ForCausalLM", "bfloat16", "cuda:0", 4242, {"version": 1, "nodes": [{"name": "llm", "engine": "kv_cache", "overlap": True}]}),
         "result": StepResult(
             step_id=7,
             req_ids=i32(1),

@@ -90,6 +90,10 @@ def test_ready_step_ping_shutdown(spawn, model_dir):
     assert ready.max_model_len == 128  # capped to 32 blocks * 4 tokens (config says 512)
     assert (ready.vocab_size, ready.architecture, ready.dtype, ready.device) == (512, "LlamaForCausalLM", "float32", "cpu")
     assert ready.worker_pid == engine.proc.pid
+    # A plain LLM directory is served as the one-node graph; its decode loop is capped by the context length.
+    assert [n["name"] for n in ready.graph["nodes"]] == ["llm"]
+    assert [w["name"] for w in ready.graph["walks"]] == ["prefill", "decode"]
+    assert [s["max_iters"] for s in ready.graph["sections"] if s["kind"] == "loop"] == [128]
 
     prompt = np.array([3, 1, 4, 1, 5, 9], np.int32)
     added = AddedRequest(11, prompt, 6, SamplingParams(temperature=0.0, logprobs=1))

@@ -6,7 +6,7 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -70,6 +70,9 @@ export interface ShutdownMessage {
   kind: "Shutdown";
 }
 
+/**
+ * graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode.
+ */
 export interface ReadyMessage {
   kind: "Ready";
   protocol_version: number;
@@ -81,6 +84,7 @@ export interface ReadyMessage {
   dtype: string;
   device: string;
   worker_pid: number;
+  graph: unknown;
 }
 
 /**
@@ -121,7 +125,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 1,
+  protocolVersion: 2,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -189,6 +193,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "dtype", type: { kind: "str", nullable: false, text: "str" } },
         { name: "device", type: { kind: "str", nullable: false, text: "str" } },
         { name: "worker_pid", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "graph", type: { kind: "any", nullable: false, text: "any" } },
       ],
     },
     StepResult: {

@@ -46,7 +46,7 @@ export class FakeExecutor implements StepExecutor {
   constructor(private readonly options: FakeOptions) {
     this.ready = {
       kind: "Ready",
-      protocol_version: 1,
+      protocol_version: 2,
       num_blocks: options.numBlocks,
       block_size: options.blockSize,
       max_model_len: options.maxModelLen ?? 4096,
@@ -55,6 +55,7 @@ export class FakeExecutor implements StepExecutor {
       dtype: "float32",
       device: "cpu",
       worker_pid: 0,
+      graph: {},
     };
     this.kv = new Int32Array(options.numBlocks * options.blockSize).fill(-1);
     this.failAtStep = options.failAtStep ?? null;

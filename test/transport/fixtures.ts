@@ -122,6 +122,7 @@ export const everyKind: WireMessage[] = [
     dtype: "float32",
     device: "cpu",
     worker_pid: 4242,
+    graph: { version: 1, nodes: [{ name: "llm", engine: "kv_cache", overlap: true }], walks: [] },
   },
   result(),
   result({ logprobs: null, top_counts: null, top_ids: null, top_logprobs: null }),

@@ -163,6 +163,7 @@ describe("gen-protocol output", () => {
       dtype: "float32",
       device: "cpu",
       worker_pid: 1,
+      graph: {},
     };
     assert.notDeepEqual(swapped.encode(ready), createCodec(loadSchema()).encode(ready));
     assert.deepStrictEqual(swapped.decode(swapped.encode(ready)), ready);

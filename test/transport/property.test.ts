@@ -65,6 +65,7 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     dtype: str,
     device: str,
     worker_pid: int,
+    graph: fc.constant({ version: 1, nodes: [] }),
   }),
   rec({
     kind: fc.constant("StepResult" as const),
