@@ -592,6 +592,15 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
     }
     const slot = dest.slotStart + input;
     if (slotConnection[slot]! >= 0) fail(`${what}: ${edge.name} is a streaming input of ${edge.to}`);
+    // An edge from inside a loop to a node outside it leaves only as the loop's
+    // output (once, after the last iteration), never once per iteration.
+    for (let i = producerLoops.length - 1; i >= 0; i--) {
+      const left = loops[producerLoops[i]!]!;
+      if (dest.loops.includes(left.id)) break;
+      const declared = [...left.layout.outputs, ...left.layout.accumulated_outputs].some((e) => e.name === edge.name && e.to === edge.to);
+      if (!declared) fail(`${what}: leaves loop ${left.name || `(section ${left.section})`}, whose outputs do not declare it`);
+      return routes;
+    }
     route(ROUTE_SLOT, slot);
     return routes;
   };
