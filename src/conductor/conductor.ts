@@ -235,25 +235,8 @@ export class Conductor {
       }
       this.closePass(pass);
       const req = pass.request;
-      const wn = pass.walkNode;
       for (const values of pass.inputs) this.drop(req, values);
-      for (const values of outputs.values()) this.adopt(req, values);
-      for (const name of stops) {
-        for (const l of wn.loops) if (this.graph.loops[l]!.name === name) req.stop[l] = 1;
-      }
-      const aligned = wn.outputNames.map((name) => outputs.get(name) ?? NO_VALUES);
-      let chunk: StreamChunk | null = null;
-      for (const c of pass.chunks) {
-        if (c === null) continue;
-        chunk ??= c;
-        if (c.final) {
-          const slot = wn.slotStart + pass.chunks.indexOf(c);
-          req.streams[this.graph.slotConnection[slot]!]!.finalConsumed = true;
-        }
-      }
-      const meta = chunk === null ? this.plainMeta[wn.id]! : { walk: this.graph.walks[wn.walk]!, walkNode: wn, loop: null, chunk };
-      this.completeWalkNode(req, wn, aligned, meta);
-      for (const values of outputs.values()) this.settle(req, values);
+      this.completeWithOutputs(req, pass.walkNode, outputs, stops, pass.chunks);
     } finally {
       this.exit();
     }
@@ -271,28 +254,80 @@ export class Conductor {
     try {
       const req = this.requests.get(requestId);
       if (req === undefined || req.kvRunning[node.id] === 0) return;
-      const wnId = req.kvWalkNode[node.id]!;
-      if (wnId < 0) {
-        this.fail(req, `${node.name} sampled a token while no pass of it was in flight`);
-        return;
-      }
-      const wn = this.graph.walkNodes[wnId]!;
-      req.kvWalkNode[node.id] = -1;
-      if (finish !== null) {
-        req.kvRunning[node.id] = 0;
-        if (wn.loop >= 0) req.stop[wn.loop] = 1;
-        else req.partitionEngineFinished[this.graph.walks[wn.walk]!.partition] = 1;
-      }
-      const inputs = req.kvInputs[node.id];
-      req.kvInputs[node.id] = null;
-      if (inputs !== null && inputs !== undefined) for (const values of inputs) this.drop(req, values);
-      const outputs = this.kvOutputScratch[wnId]!;
+      const wn = this.takeKvPass(req, node, finish);
+      if (wn === null) return;
+      const outputs = this.kvOutputScratch[wn.id]!;
       const values: Values = [token];
       for (let o = 0; o < outputs.length; o++) outputs[o] = values;
-      this.completeWalkNode(req, wn, outputs, this.plainMeta[wnId]!);
+      this.completeWalkNode(req, wn, outputs, this.plainMeta[wn.id]!);
     } finally {
       this.exit();
     }
+  }
+
+  /**
+   * A kv_cache node's pass whose result is tensors rather than one sampled
+   * token (BAGEL's LLM in a denoising loop): outputs by name, loops it stops.
+   */
+  kvComplete(requestId: string, node: CompiledNode, outputs: ReadonlyMap<string, Values>, stops: readonly string[] = []): void {
+    this.enter();
+    try {
+      const req = this.requests.get(requestId);
+      const wn = req === undefined || req.kvRunning[node.id] === 0 ? null : this.takeKvPass(req, node, null);
+      if (req === undefined || wn === null || !req.alive) {
+        for (const values of outputs.values()) this.releaseLoose(values);
+        return;
+      }
+      this.completeWithOutputs(req, wn, outputs, stops, null);
+    } finally {
+      this.exit();
+    }
+  }
+
+  /** Ends the kv_cache node's pass in flight; null (and the request failed) if there is none. */
+  private takeKvPass(req: RequestState, node: CompiledNode, finish: string | null): CompiledWalkNode | null {
+    const wnId = req.kvWalkNode[node.id]!;
+    if (wnId < 0) {
+      this.fail(req, `${node.name} reported a result while no pass of it was in flight`);
+      return null;
+    }
+    const wn = this.graph.walkNodes[wnId]!;
+    req.kvWalkNode[node.id] = -1;
+    if (finish !== null) {
+      req.kvRunning[node.id] = 0;
+      if (wn.loop >= 0) req.stop[wn.loop] = 1;
+      else req.partitionEngineFinished[this.graph.walks[wn.walk]!.partition] = 1;
+    }
+    const inputs = req.kvInputs[node.id];
+    req.kvInputs[node.id] = null;
+    if (inputs !== null && inputs !== undefined) for (const values of inputs) this.drop(req, values);
+    return wn;
+  }
+
+  private completeWithOutputs(
+    req: RequestState,
+    wn: CompiledWalkNode,
+    outputs: ReadonlyMap<string, Values>,
+    stops: readonly string[],
+    chunks: readonly (StreamChunk | null)[] | null,
+  ): void {
+    for (const values of outputs.values()) this.adopt(req, values);
+    for (const name of stops) {
+      for (const l of wn.loops) if (this.graph.loops[l]!.name === name) req.stop[l] = 1;
+    }
+    const aligned = wn.outputNames.map((name) => outputs.get(name) ?? NO_VALUES);
+    let chunk: StreamChunk | null = null;
+    if (chunks !== null) {
+      for (let i = 0; i < chunks.length; i++) {
+        const c = chunks[i]!;
+        if (c === null) continue;
+        chunk ??= c;
+        if (c.final) req.streams[this.graph.slotConnection[wn.slotStart + i]!]!.finalConsumed = true;
+      }
+    }
+    const meta = chunk === null ? this.plainMeta[wn.id]! : { walk: this.graph.walks[wn.walk]!, walkNode: wn, loop: null, chunk };
+    this.completeWalkNode(req, wn, aligned, meta);
+    for (const values of outputs.values()) this.settle(req, values);
   }
 
   /** A per-request failure (input preparation, check_stop, postprocess): fails that request only. */

@@ -132,7 +132,10 @@ export interface CompiledWalkNode {
   readonly outputRoutes: readonly (readonly Route[])[];
   /** Outputs the innermost loop captures: (output index, capture id). */
   readonly captures: readonly { readonly output: number; readonly capture: number }[];
-  /** kv_cache node in a loop: its self loop-back slots, carried by the engine core. */
+  /**
+   * kv_cache node in a loop that takes nothing from inside the loop but its own
+   * token: its self loop-back slots, carried by the engine core. Empty otherwise.
+   */
   readonly engineCarriedSlots: readonly number[];
 }
 
@@ -793,25 +796,23 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
   for (const wn of walkNodes) for (const list of wn.outputRoutes) for (const r of list) markLoopBack(r);
   for (const loop of loops) for (const o of loop.outputs) for (const r of o.routes) markLoopBack(r);
 
-  // kv_cache nodes in loops: the engine core decodes on its own token, so every
-  // other input must be re-injected from outside the loop.
+  // kv_cache nodes in loops whose only inputs are their own token (fed back)
+  // and values re-injected from outside: the engine core decodes on, feeding
+  // itself, and the conductor does not resubmit per iteration. Any other
+  // kv_cache node in a loop (BAGEL's LLM fed new latents every iteration) is
+  // stepped per pass like a stateless one.
   for (const wn of walkNodes) {
     if (wn.node.engine !== "kv_cache" || wn.loop < 0) continue;
     const loop = loopOf(wn.loop);
-    const walkName = walks[wn.walk]!.name;
+    const selfFed: number[] = [];
+    let carried = true;
     for (let i = 0; i < wn.inputNames.length; i++) {
       const slot = wn.slotStart + i;
-      const selfFed = wn.outputRoutes.some((list) => list.some((r) => r.kind === ROUTE_SLOT && r.target === slot));
-      if (selfFed) {
-        wn.engineCarriedSlots.push(slot);
-        continue;
-      }
-      if (slotConnection[slot]! >= 0 || !loop.externalSlots.includes(slot)) {
-        fail(
-          `walk ${walkName}: kv_cache node ${wn.node.name} in loop ${loop.name || `(section ${loop.section})`} takes ${wn.inputNames[i]} from inside the loop; the engine core decodes on its own token only`,
-        );
-      }
+      if (wn.outputRoutes.some((list) => list.some((r) => r.kind === ROUTE_SLOT && r.target === slot))) selfFed.push(slot);
+      else if (slotConnection[slot]! >= 0 || !loop.externalSlots.includes(slot)) carried = false;
     }
+    if (!carried || selfFed.length === 0) continue;
+    wn.engineCarriedSlots.push(...selfFed);
     for (const list of wn.outputRoutes) {
       for (const r of list) if (r.kind === ROUTE_SLOT && slotWalkNode[r.target] === wn.id) r.engineCarried = true;
     }

@@ -596,6 +596,36 @@ describe("the one-node LLM graph", () => {
     assert.deepEqual(ex.done, ["r"]);
   });
 
+  it("a kv_cache node fed from inside its loop (BAGEL's CFG loop) is started once per iteration", () => {
+    const ex = new Executor(
+      graphLayout({
+        nodes: { LLM: "kv_cache", combine: "stateless", vae: "stateless" },
+        walks: {
+          gen: seq(
+            loop(seq(node("LLM", ["latents"], [edge("combine", "v")]), node("combine", ["v"], [edge("LLM", "latents")])), 4, {
+              name: "denoise",
+              outputs: [edge("vae", "latents")],
+            }),
+            node("vae", ["latents"], [emit("image", "image")]),
+          ),
+        },
+        start: step("gen", [fromPrompt("LLM", "latents")]),
+      }),
+    );
+    ex.on("LLM", (p, e) => ({ outputs: { v: [e.tensor(`v(${e.input(p, "latents").join()})`)] } }));
+    ex.on("combine", (p, e) => ({ outputs: { latents: [e.tensor(`l${iter(p) + 1}`)] } }));
+    ex.on("vae", (p, e) => ({ outputs: { image: [e.tensor(`img(${e.input(p, "latents").join()})`)] } }));
+    ex.admit("r", { latents: [ex.tensor("l0")] });
+    ex.run();
+    assert.deepEqual(
+      ex.kvStarts.map((s) => `${ex.labelsOf(s.inputs[0]!).join()} ${s.continuing}`),
+      ["l0 false", "l1 true", "l2 true", "l3 true"],
+    );
+    assert.deepEqual(ex.clientOf("r"), ["img(l4)"]);
+    assert.deepEqual(ex.kvStops, ["r/LLM"], "the loop's end stops the engine-core request");
+    assert.equal(ex.liveTensors(), 0);
+  });
+
   it("max_iters ends decode and stops the engine core", () => {
     const ex = new Executor(llmLayout(3));
     ex.tokenScripts.set("llm", (_r, i) => ({ token: i, finish: null }));

@@ -65,6 +65,8 @@ export class Executor implements ConductorSink {
   readonly engine = new Map<string, EngineRequest>();
   readonly kvStarts: KvStart[] = [];
   readonly kvStops: string[] = [];
+  /** Passes of stepped kv_cache nodes (with a behaviour) waiting to run. */
+  kvPending: KvStart[] = [];
   /** Passes taken but not yet completed (for tests that hold results back). */
   held: ReadyPass[] = [];
   holdBack: (pass: ReadyPass) => boolean = () => false;
@@ -149,6 +151,12 @@ export class Executor implements ConductorSink {
 
   kvStart(start: KvStart): void {
     this.kvStarts.push(start);
+    if (this.behaviours.has(start.walkNode.node.name)) {
+      // A kv_cache node stepped per pass (not decoding on its own token).
+      this.kvPending.push(start);
+      this.log.push(`kvStart ${start.requestId}/${start.walkNode.node.name} stepped`);
+      return;
+    }
     const key = `${start.requestId}/${start.walkNode.node.name}`;
     this.log.push(`kvStart ${key} ${start.continuing ? "continuing" : "new"}`);
     if (start.continuing) assert.ok(this.engine.has(key), `continuing ${key}, which the engine does not run`);
@@ -194,6 +202,24 @@ export class Executor implements ConductorSink {
       }
     }
     let ran = batches.length > 0;
+    const stepped = this.kvPending;
+    this.kvPending = [];
+    for (const start of stepped) {
+      const pass: ReadyPass = {
+        passId: -1,
+        requestId: start.requestId,
+        walkNode: start.walkNode,
+        inputs: start.inputs,
+        chunks: start.inputs.map(() => null),
+        iterations: [],
+      };
+      const name = start.walkNode.node.name;
+      const key = `${name}/${this.graph.walks[start.walkNode.walk]!.name}`;
+      this.runs.set(key, (this.runs.get(key) ?? 0) + 1);
+      const result = this.behaviours.get(name)!(pass, this);
+      this.conductor.kvComplete(start.requestId, start.walkNode.node, new Map(Object.entries(result.outputs ?? {})), result.stops ?? []);
+      ran = true;
+    }
     for (const [key, req] of [...this.engine]) {
       if (!this.engine.has(key)) continue;
       const script = this.tokenScripts.get(req.node.name);

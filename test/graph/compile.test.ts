@@ -144,6 +144,21 @@ describe("graph compiler", () => {
     ]);
   });
 
+  it("a kv_cache node fed from inside its loop is stepped per pass, not carried by the engine core", () => {
+    const g = compileGraph(
+      graphLayout({
+        nodes: { llm: "kv_cache", combine: "stateless" },
+        walks: {
+          w: loop(seq(node("llm", ["latents"], [edge("combine", "v")]), node("combine", ["v"], [edge("llm", "latents")])), 4, { name: "denoise" }),
+        },
+        start: step("w", [fromPrompt("llm", "latents")]),
+      }),
+    );
+    const wn = findWalkNode(g, "w", "llm")!;
+    assert.deepEqual(wn.engineCarriedSlots, []);
+    assert.ok(findWalkNode(g, "w", "combine")!.outputRoutes[0]!.every((r) => !r.engineCarried));
+  });
+
   it("a persist edge may hand a value to a node of a later walk", () => {
     const g = compileGraph(llmLayout());
     assert.equal(g.persistNames[0], "new_token");
@@ -246,17 +261,6 @@ describe("graph compiler", () => {
       assert.match(m, /walk w: input x of node a is fed back outside any loop/);
     });
 
-    it("a kv_cache node in a loop that waits for a value from inside the loop", () => {
-      const m = compileError(
-        graphLayout({
-          nodes: { llm: "kv_cache", enc: "stateless" },
-          walks: { w: loop(seq(node("enc", [], [edge("llm", "emb")]), node("llm", ["emb"], [])), 4, { name: "dec" }) },
-          start: step("w", [fromPrompt("llm", "emb")]),
-        }),
-      );
-      assert.match(m, /walk w: kv_cache node llm in loop dec takes emb from inside the loop/);
-    });
-
     it("an emitted output not listed in client_outputs", () => {
       const layout = llmLayout();
       layout.client_outputs = [];
@@ -266,6 +270,16 @@ describe("graph compiler", () => {
     it("a chunk policy that cannot work", () => {
       assert.match(compileError(ttsLayout({ policy: slidingWindow(7, 8) })), /connection LLM -> CODEC on new_token: sliding_window policy: stride must be between 1 and the window 7 \(got 8\)/);
       assert.match(compileError(ttsLayout({ policy: fixed(0) })), /fixed policy: size must be >= 1/);
+    });
+
+    it("an edge that leaves a loop its outputs do not declare", () => {
+      const m = compileError(
+        graphLayout({
+          nodes: { a: "stateless", c: "stateless" },
+          walks: { w: seq(loop(node("a", ["s"], [edge("a", "s"), edge("c", "s")]), 3, { name: "l" }), node("c", ["s"], [])) },
+        }),
+      );
+      assert.match(m, /walk w: node a edge s -> c: leaves loop l, whose outputs do not declare it/);
     });
 
     it("a node twice in one walk", () => {
