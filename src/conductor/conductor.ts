@@ -318,12 +318,18 @@ export class Conductor {
     const aligned = wn.outputNames.map((name) => outputs.get(name) ?? NO_VALUES);
     let chunk: StreamChunk | null = null;
     if (chunks !== null) {
+      let final = false;
       for (let i = 0; i < chunks.length; i++) {
         const c = chunks[i]!;
         if (c === null) continue;
         chunk ??= c;
-        if (c.final) req.streams[this.graph.slotConnection[wn.slotStart + i]!]!.finalConsumed = true;
+        if (c.final) {
+          req.streams[this.graph.slotConnection[wn.slotStart + i]!]!.finalConsumed = true;
+          final = true;
+        }
       }
+      // The partition is done with this pass: loops around the consumer end at this iteration.
+      if (final && this.streamsDone(req, this.graph.walks[wn.walk]!.partition)) for (const l of wn.loops) req.stop[l] = 1;
     }
     const meta = chunk === null ? this.plainMeta[wn.id]! : { walk: this.graph.walks[wn.walk]!, walkNode: wn, loop: null, chunk };
     this.completeWalkNode(req, wn, aligned, meta);
@@ -677,6 +683,19 @@ export class Conductor {
     const graph = this.graph;
     req.iter[loop.id]!++;
     for (const c of loop.captures) if (!c.accumulate) this.clearCapture(req, c.id);
+    // The LLM's decode loop: the engine core already computes the next
+    // iteration's pass; nothing else to reset or deliver.
+    const carried = loop.engineCarriedBody;
+    if (carried >= 0) {
+      const wn = graph.walkNodes[carried]!;
+      const node = wn.node.id;
+      if (req.kvRunning[node] === 1 && this.slotsEmpty(req, wn)) {
+        req.wnState[carried] = WN_STARTED;
+        req.kvWalkNode[node] = carried;
+        req.kvInputs[node] = null;
+        return;
+      }
+    }
     for (let s = loop.sectionStart; s < loop.sectionEnd; s++) req.doneChildren[s] = 0;
     for (let l = loop.id + 1; l < loop.loopEnd; l++) {
       req.iter[l] = 0;
@@ -711,6 +730,24 @@ export class Conductor {
     for (let w = loop.walkNodeStart; w < loop.walkNodeEnd && req.alive; w++) this.checkReady(req, w);
   }
 
+  /** Every incoming stream that can end (not continue-after-done) had its final chunk consumed, and there is one. */
+  private streamsDone(req: RequestState, partition: number): boolean {
+    let done = false;
+    for (const c of this.graph.partitions[partition]!.incoming) {
+      if (this.graph.connections[c]!.policy.continue_after_done) continue;
+      if (!req.streams[c]!.finalConsumed) return false;
+      done = true;
+    }
+    return done;
+  }
+
+  private slotsEmpty(req: RequestState, wn: CompiledWalkNode): boolean {
+    for (let slot = wn.slotStart; slot < wn.slotStart + wn.inputNames.length; slot++) {
+      if (req.cur[slot] !== null || req.next[slot] !== null || req.queue[slot] !== undefined) return false;
+    }
+    return true;
+  }
+
   private walkComplete(req: RequestState, walkId: number): void {
     const graph = this.graph;
     const walk = graph.walks[walkId]!;
@@ -720,18 +757,8 @@ export class Conductor {
       req.engineCarried[w] = 0;
     }
     const p = graph.partitions[walk.partition]!;
-    let streamsDone = false;
-    for (const c of p.incoming) {
-      const conn = graph.connections[c]!;
-      if (conn.policy.continue_after_done) continue;
-      if (!req.streams[c]!.finalConsumed) {
-        streamsDone = false;
-        break;
-      }
-      streamsDone = true;
-    }
     const step = p.after[walkId] ?? null;
-    if (streamsDone || req.partitionEngineFinished[p.id] === 1 || step === null) {
+    if (this.streamsDone(req, p.id) || req.partitionEngineFinished[p.id] === 1 || step === null) {
       if (step !== null) for (const id of step.release) this.releasePersist(req, id);
       this.partitionDone(req, p.id);
       return;

@@ -105,6 +105,11 @@ export interface CompiledLoop {
   /** Slots its own body feeds back: dropped after the last iteration. */
   readonly loopBackSlots: readonly number[];
   readonly captures: readonly LoopCapture[];
+  /**
+   * The body is one kv_cache node fed only by its own token (the LLM's decode
+   * loop): its walk node, so an iteration can advance without a general reset; -1 otherwise.
+   */
+  readonly engineCarriedBody: number;
   /** Output edges (outputs then accumulated_outputs), each fed from one capture. */
   readonly outputs: readonly { readonly capture: number; readonly routes: readonly Route[] }[];
   /** This loop's captures that the enclosing loop captures too (same name). */
@@ -894,6 +899,13 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
     };
   });
 
+  const engineCarriedBody = (l: MutableLoop): number => {
+    const body = sections[l.sectionStart]!;
+    if (body.kind !== SECTION_NODE) return -1;
+    const wn = walkNodes[body.walkNode]!;
+    return wn.engineCarriedSlots.length > 0 && wn.engineCarriedSlots.length === wn.inputNames.length ? wn.id : -1;
+  };
+
   // Freeze ---------------------------------------------------------------------
   const freezeRoute = (r: MutableRoute): Route => Object.freeze({ kind: r.kind, target: r.target, loopBackOf: r.loopBackOf, engineCarried: r.engineCarried });
   const graph: CompiledGraph = {
@@ -940,6 +952,7 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
           externalCacheStart: l.externalCacheStart,
           loopBackSlots: Object.freeze(l.loopBackSlots),
           captures: Object.freeze(l.captures.map((c) => Object.freeze(c))),
+          engineCarriedBody: engineCarriedBody(l),
           outputs: Object.freeze(l.outputs.map((o) => Object.freeze({ capture: o.capture, routes: Object.freeze(o.routes.map(freezeRoute)) }))),
           parentCaptures: Object.freeze(l.parentCaptures.map((p) => Object.freeze(p))),
         }),

@@ -412,6 +412,30 @@ describe("conductor: what 'works' means (GRAPH.md)", () => {
     }
   });
 
+  it("a consumer looping over chunks is done with the pass that consumed the final chunk", () => {
+    const ex = new Executor(
+      graphLayout({
+        nodes: { prod: "stateless", T: "stateless" },
+        walks: {
+          pw: loop(node("prod", [], [streamEdge("T", "s", "Q")]), 5, { name: "produce" }),
+          qw: loop(node("T", ["s"], [emit("out", "text")]), 100, { name: "talk" }),
+        },
+        partitions: [
+          { name: "P", walks: ["pw"], start: step("pw"), after: { pw: done } },
+          { name: "Q", walks: ["qw"], start: step("qw"), after: { qw: step("qw") } },
+        ],
+        connections: [{ from: "P", to: "Q", edge: "s", policy: fixed(2) }],
+      }),
+    );
+    ex.on("prod", (p, e) => ({ outputs: { s: [e.tensor(`s${iter(p)}`)] } }));
+    ex.on("T", (p, e) => ({ outputs: { out: [e.tensor(`${iter(p)}:${e.input(p, "s").join(" ")}${p.chunks[0]!.final ? " final" : ""}`)] } }));
+    ex.admit("r");
+    ex.run();
+    assert.deepEqual(ex.clientOf("r"), ["0:s0 s1", "1:s2 s3", "2:s4 final"]);
+    assert.deepEqual(ex.done, ["r"]);
+    assert.equal(ex.liveTensors(), 0);
+  });
+
   it("a continue-after-end policy is never final", () => {
     const ex = new Executor(
       graphLayout({
