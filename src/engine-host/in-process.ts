@@ -4,6 +4,8 @@
 
 import { setTimeout as sleep } from "node:timers/promises";
 import { EngineCore, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import { compileModelGraph } from "../graph/compile.js";
+import { checkServableGraph } from "./servable-graph.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -36,6 +38,7 @@ export class InProcessEngine implements ServingEngine {
     const ready = worker.ready;
     const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
     try {
+      checkServableGraph(compileModelGraph(ready.graph));
       return new InProcessEngine(new EngineCore(wrap(worker), config), worker, config);
     } catch (error) {
       await worker.shutdown().catch(() => {});

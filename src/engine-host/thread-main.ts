@@ -10,6 +10,8 @@
 
 import { parentPort, workerData } from "node:worker_threads";
 import { EngineCore, endingOutput, type EngineConfig } from "../engine/engine-core.js";
+import { compileModelGraph } from "../graph/compile.js";
+import { checkServableGraph } from "./servable-graph.js";
 import type { RequestOutput } from "../engine/types.js";
 import { killAllWorkersSync, shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
 import { WorkerStartError, type WorkerClient } from "../worker/types.js";
@@ -113,6 +115,7 @@ async function start(): Promise<void> {
   const recorder = init.recordSteps ? new StepRecorder(started) : null;
   if (recorder !== null) recorder.recording = true;
   try {
+    checkServableGraph(compileModelGraph(ready.graph));
     core = new EngineCore(recorder ?? started, config);
   } catch (error) {
     await started.shutdown().catch(() => {});

@@ -23,6 +23,7 @@ import {
   type LayoutSection,
   type ModelGraphLayout,
   type WalkStep,
+  parseGraphLayout,
 } from "./layout.js";
 
 export class GraphCompileError extends Error {
@@ -976,4 +977,12 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
     partitionByName: new Map(partitions.map((p) => [p.name, p])),
   };
   return graph;
+}
+
+/**
+ * The graph a worker announced in Ready, parsed and compiled; throws
+ * GraphLayoutError or GraphCompileError with one line naming the problem.
+ */
+export function compileModelGraph(data: unknown): CompiledGraph {
+  return compileGraph(parseGraphLayout(data));
 }
