@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .attention import make_backend
 from .config import ConfigError, ModelConfig, load_model_config
 from .kv_cache import KVCache, bytes_per_block
 from .loader import WeightReader, stderr_progress
@@ -92,23 +93,26 @@ def _max_model_len(opts: WorkerOptions, config: ModelConfig, num_blocks: int) ->
     return min(config.max_position_embeddings, capacity)
 
 
-def load_worker(opts: WorkerOptions) -> LoadedWorker:
+def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True) -> LoadedWorker:
+    """attention_backend: auto (cpu on CPU, flex on CUDA), reference, cpu or flex;
+    fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks)."""
     dummy = opts.load_format == "dummy-null"
     model_dir = Path(opts.model)
     config = load_model_config(model_dir, lenient=dummy)
     device = resolve_device(opts.device)
     dtype = resolve_dtype(opts.dtype, config)
     torch.manual_seed(opts.seed)
-    model, cache = None, None
+    model, cache, attention = None, None, None
     if not dummy:
         reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None)
-        model = DecoderModel(config, reader)
+        model = DecoderModel(config, reader, fuse=fuse_weights)
         reader.close()
     num_blocks = _num_blocks(opts, config, dtype, device)
     max_model_len = _max_model_len(opts, config, num_blocks)
     if not dummy:
         cache = KVCache(config, num_blocks, opts.block_size, dtype, device)
-    runner = StepRunner(model, cache, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
+        attention = make_backend(attention_backend, cache, config.num_heads, model.scale, config.sliding_windows)
+    runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     ready = Ready(
         protocol_version=PROTOCOL_VERSION,
         num_blocks=num_blocks,
