@@ -49,6 +49,7 @@ class StepRunner:
         self.slot_of: dict[int, int] = {}  # req_id -> slot, for vectorized lookups
         self.by_slot: dict[int, RequestState] = {}
         self.batch = PersistentBatch(block_size, device)
+        self.graphs = None  # cuda_graphs.DecodeGraphs, set by loading on CUDA
 
     def execute(self, step: Step) -> StepResult:
         t0 = time.perf_counter()
@@ -61,8 +62,10 @@ class StepRunner:
         t1 = time.perf_counter()
         logits = None
         if self.model is not None and len(inputs.input_ids_host):
-            self.attention.prepare(inputs.attention)
-            logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention)
+            logits = self.graphs.run(inputs) if self.graphs is not None else None
+            if logits is None:
+                self.attention.prepare(inputs.attention)
+                logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention)
         t2 = time.perf_counter()
         out = self._sample(logits, sampled, inputs)
         if len(sample_slots):

@@ -128,3 +128,22 @@ def test_bfloat16_cpu_backend_close_to_reference():
     ref.prepare(meta)
     fast.prepare(meta)
     torch.testing.assert_close(fast.run(0, q, k, v), ref.run(0, q, k, v), atol=2e-2, rtol=2e-2)
+
+
+def test_flex_static_decode_buffers_match_reference():
+    """The tensors CUDA graphs replay from: a decode step copied into static
+    buffers padded to a larger batch (repeating the last row) gives the
+    reference result for the real rows. Eager flex; capture itself needs a GPU."""
+    rows = [(s, 1) for s in (3, 17, 30, 8, 22)]
+    caches, meta, (q, k, v), group = _case(11, 4, 4, len(rows), 64, rows=rows)
+    scale = HEAD_DIM**-0.5
+    ref = ReferenceBackend(caches[0], KV_HEADS * group, scale, [None])
+    flex = FlexBackend(caches[1], KV_HEADS * group, scale, [None], compile=False)
+    ref.prepare(meta)
+    expected = ref.run(0, q, k, v)
+    flex.static_decode(16, 12)
+    flex.use_static(8)
+    pad = flex.fill_static(meta, 8)
+    got = flex.run(0, q[pad], k[pad], v[pad])
+    torch.testing.assert_close(got[: len(rows)], expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(caches[0].layers[0], caches[1].layers[0])

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .base import AttentionBackend, AttentionMetadata, Bucket, buckets
@@ -56,16 +57,21 @@ class FlexBackend(AttentionBackend):
         self.device = self.cache.layers[0].device
         self.page_position = torch.zeros(self.cache.num_blocks + 1, dtype=torch.int64, device=self.device)
 
-    def prepare(self, meta: AttentionMetadata) -> None:
-        self.slots = meta.slot_mapping
-        bs = meta.block_size
+    def _page_positions(self, meta: AttentionMetadata) -> torch.Tensor:
+        """Sets page_position[page] = j for every table entry table[r, j] = page
+        (unused entries land on the spare last slot); returns pages per row."""
         table = meta.block_table
-        # page_position[page] = j for every table entry (table[r, j] = page); unused entries land on the spare last slot.
-        num_pages = torch.from_numpy(-(-meta.seq_lens // bs)).to(self.device)
+        num_pages = torch.from_numpy(-(-meta.seq_lens // meta.block_size)).to(self.device)
         cols = torch.arange(table.shape[1], device=self.device)
         used = cols[None, :] < num_pages[:, None]
         target = torch.where(used, table, self.cache.num_blocks)
         self.page_position.scatter_(0, target.reshape(-1), cols.expand_as(table).reshape(-1))
+        return num_pages
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        self.slots = meta.slot_mapping
+        table = meta.block_table
+        num_pages = self._page_positions(meta)
         to = lambda a: None if a is None else torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
         self.prepared = []
         for b in buckets(meta):
@@ -99,6 +105,41 @@ class FlexBackend(AttentionBackend):
         return self.BlockMask.from_kv_blocks(
             kv_num, kv_idx, BLOCK_SIZE=(Q_TILE, bs), mask_mod=mask_mod, seq_lengths=(b.q_max, slots), compute_q_blocks=False
         )
+
+    # ------------------------------------------------ CUDA graphs (decode only)
+    # A captured graph replays fixed addresses, so decode steps use static
+    # tensors (sized for the largest captured batch and max_model_len) that
+    # fill_static() overwrites in place before each replay.
+
+    def static_decode(self, max_rows: int, max_pages: int) -> None:
+        z = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
+        self.static = {"pages": z(max_rows, max_pages, dtype=torch.int32), "count": z(max_rows, dtype=torch.int32),
+                       "q_pos": z(max_rows, 1), "slots": z(max_rows)}
+
+    def use_static(self, rows: int) -> None:
+        """Points run() at the static tensors for a decode batch of `rows` (padded) rows."""
+        st = self.static
+        pages, count, q_pos = st["pages"][:rows], st["count"][:rows], st["q_pos"][:rows]
+        index = np.arange(rows)
+        bucket = Bucket(index, 1, pages.shape[1], index, np.zeros((rows, 1), np.int64), None, None)
+        masks = {w: self._block_mask(pages, count, q_pos, bucket, w) for w in set(self.windows)}
+        self.slots = st["slots"][:rows]
+        self.prepared = [_Prepared(bucket, torch.arange(rows, device=self.device), masks, None, None)]
+
+    def fill_static(self, meta: AttentionMetadata, rows: int) -> torch.Tensor:
+        """Copies a decode step's metadata into the static tensors, padding to
+        `rows` by repeating the last row (same slot, same K/V: harmless). Returns
+        the padding index (row of each padded row) for the caller's inputs."""
+        st = self.static
+        num_pages = self._page_positions(meta)
+        pad = torch.arange(rows, device=self.device).clamp(max=meta.num_rows - 1)
+        table = meta.block_table[pad]
+        st["pages"][:rows, : table.shape[1]].copy_(table)
+        st["count"][:rows].copy_(num_pages[pad])
+        seq_lens = torch.from_numpy(meta.seq_lens).to(self.device, non_blocking=True)
+        st["q_pos"][:rows, 0].copy_(seq_lens[pad] - 1)
+        st["slots"][:rows].copy_(meta.slot_mapping[pad])
+        return pad
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.cache.write(layer, self.slots, k, v)
