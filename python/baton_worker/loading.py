@@ -13,11 +13,13 @@ Sizing rules:
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from .attention import FlexBackend, make_backend
 from .config import ConfigError, ModelConfig, load_model_config
 from .graph.export import export_graph
 from .graph.llm import LLMGraphModel
@@ -49,10 +51,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device("cpu")
 
 
-def resolve_dtype(name: str, config: ModelConfig) -> torch.dtype:
+def resolve_dtype(name: str, config: ModelConfig, device: torch.device | None = None) -> torch.dtype:
     if name == "auto":
-        # The checkpoint's own dtype; float32 when it does not say.
+        # The checkpoint's own dtype; float32 when it does not say. On CUDA
+        # bfloat16 unless the checkpoint is 16-bit already (float32 halves
+        # the speed of a memory-bound decode for no serving benefit).
         name = config.torch_dtype if config.torch_dtype in _DTYPES else "float32"
+        if device is not None and device.type == "cuda" and name == "float32":
+            name = "bfloat16"
     return _DTYPES[name]
 
 
@@ -94,23 +100,38 @@ def _max_model_len(opts: WorkerOptions, config: ModelConfig, num_blocks: int) ->
     return min(config.max_position_embeddings, capacity)
 
 
-def load_worker(opts: WorkerOptions) -> LoadedWorker:
+def _capture_graphs(model: DecoderModel, attention: FlexBackend, max_pages: int):
+    from .cuda_graphs import DecodeGraphs
+
+    try:
+        return DecodeGraphs(model, attention, max_pages)
+    except Exception as error:  # untested on real GPUs so far: eager steps still work
+        print(f"baton_worker: CUDA graph capture failed, decode steps run eagerly: {error}", file=sys.stderr, flush=True)
+        return None
+
+
+def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True) -> LoadedWorker:
+    """attention_backend: auto (cpu on CPU, flex on CUDA), reference, cpu or flex;
+    fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks)."""
     dummy = opts.load_format == "dummy-null"
     model_dir = Path(opts.model)
     config = load_model_config(model_dir, lenient=dummy)
     device = resolve_device(opts.device)
-    dtype = resolve_dtype(opts.dtype, config)
+    dtype = resolve_dtype(opts.dtype, config, device)
     torch.manual_seed(opts.seed)
-    model, cache = None, None
+    model, cache, attention = None, None, None
     if not dummy:
         reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None)
-        model = DecoderModel(config, reader)
+        model = DecoderModel(config, reader, fuse=fuse_weights)
         reader.close()
     num_blocks = _num_blocks(opts, config, dtype, device)
     max_model_len = _max_model_len(opts, config, num_blocks)
     if not dummy:
         cache = KVCache(config, num_blocks, opts.block_size, dtype, device)
-    runner = StepRunner(model, cache, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
+        attention = make_backend(attention_backend, cache, config.num_heads, model.scale, config.sliding_windows)
+    runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
+    if isinstance(attention, FlexBackend) and device.type == "cuda":
+        runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
     ready = Ready(
         protocol_version=PROTOCOL_VERSION,
         num_blocks=num_blocks,

@@ -3,8 +3,10 @@
 The families differ only in small switches read from config.json: q/k/v bias
 (Qwen2), per-head q/k RMSNorm (Qwen3), sliding windows (Mistral), rope scaling
 (Llama 3) and tied embeddings. Weights are plain tensors keyed by their HF
-names; the forward pass works on a flattened batch of new tokens and writes
-their K/V into the paged cache before attending through block tables.
+names, except that q/k/v and gate/up are fused at load time (one matrix
+multiply each). The forward pass works on a flattened batch of new tokens;
+the attention backend writes their K/V into the paged cache and attends
+through block tables.
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import RowSpan, paged_attention
+from .attention import AttentionBackend
 from .config import ModelConfig
-from .kv_cache import KVCache
 from .loader import WeightReader
 from .rope import Rotary
 
@@ -24,23 +25,28 @@ from .rope import Rotary
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    q_proj: torch.Tensor
-    k_proj: torch.Tensor
-    v_proj: torch.Tensor
+    # q/k/v as one fused weight (rows q, then k, then v), or three when unfused.
+    qkv: list[torch.Tensor]
+    qkv_bias: list[torch.Tensor | None]
     o_proj: torch.Tensor
-    q_bias: torch.Tensor | None
-    k_bias: torch.Tensor | None
-    v_bias: torch.Tensor | None
     o_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    gate_proj: torch.Tensor
-    up_proj: torch.Tensor
+    # gate/up fused (rows gate, then up), or two when unfused.
+    gate_up: list[torch.Tensor]
+    gate_up_bias: list[torch.Tensor | None]
     down_proj: torch.Tensor
-    gate_bias: torch.Tensor | None
-    up_bias: torch.Tensor | None
     down_bias: torch.Tensor | None
+
+
+def _fused(parts: list[torch.Tensor | None], fuse: bool) -> list[torch.Tensor | None]:
+    if not fuse:
+        return parts
+    if parts[0] is None:
+        return [None]
+    # One matrix multiply instead of several; the originals are freed after.
+    return [torch.cat(parts, dim=0)]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -51,41 +57,45 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
-def _load_layer(reader: WeightReader, config: ModelConfig, i: int) -> LayerWeights:
+def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool) -> LayerWeights:
     p = f"model.layers.{i}."
 
     def opt(name: str, wanted: bool) -> torch.Tensor | None:
         return reader.get(p + name) if wanted else None
 
+    attn, mlp = p + "self_attn.", p + "mlp."
     return LayerWeights(
         input_norm=reader.get(p + "input_layernorm.weight"),
-        q_proj=reader.get(p + "self_attn.q_proj.weight"),
-        k_proj=reader.get(p + "self_attn.k_proj.weight"),
-        v_proj=reader.get(p + "self_attn.v_proj.weight"),
-        o_proj=reader.get(p + "self_attn.o_proj.weight"),
-        q_bias=opt("self_attn.q_proj.bias", config.qkv_bias),
-        k_bias=opt("self_attn.k_proj.bias", config.qkv_bias),
-        v_bias=opt("self_attn.v_proj.bias", config.qkv_bias),
+        qkv=_fused([reader.get(attn + f"{n}_proj.weight") for n in "qkv"], fuse),
+        qkv_bias=_fused([opt(f"self_attn.{n}_proj.bias", config.qkv_bias) for n in "qkv"], fuse),
+        o_proj=reader.get(attn + "o_proj.weight"),
         o_bias=opt("self_attn.o_proj.bias", config.o_bias),
         q_norm=opt("self_attn.q_norm.weight", config.qk_norm),
         k_norm=opt("self_attn.k_norm.weight", config.qk_norm),
         post_norm=reader.get(p + "post_attention_layernorm.weight"),
-        gate_proj=reader.get(p + "mlp.gate_proj.weight"),
-        up_proj=reader.get(p + "mlp.up_proj.weight"),
-        down_proj=reader.get(p + "mlp.down_proj.weight"),
-        gate_bias=opt("mlp.gate_proj.bias", config.mlp_bias),
-        up_bias=opt("mlp.up_proj.bias", config.mlp_bias),
+        gate_up=_fused([reader.get(mlp + f"{n}_proj.weight") for n in ("gate", "up")], fuse),
+        gate_up_bias=_fused([opt(f"mlp.{n}_proj.bias", config.mlp_bias) for n in ("gate", "up")], fuse),
+        down_proj=reader.get(mlp + "down_proj.weight"),
         down_bias=opt("mlp.down_proj.bias", config.mlp_bias),
     )
 
 
+def _project(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], sizes: list[int]):
+    if len(weights) == 1:
+        return F.linear(h, weights[0], biases[0]).split(sizes, dim=-1)
+    return [F.linear(h, w, b) for w, b in zip(weights, biases)]
+
+
 class DecoderModel:
-    def __init__(self, config: ModelConfig, reader: WeightReader):
+    def __init__(self, config: ModelConfig, reader: WeightReader, fuse: bool = True):
         self.config = config
         self.dtype = reader.dtype
         self.device = reader.device
         self.embed = reader.get("model.embed_tokens.weight")
-        self.layers = [_load_layer(reader, config, i) for i in range(config.num_layers)]
+        self.layers = [_load_layer(reader, config, i, fuse) for i in range(config.num_layers)]
+        c = config
+        self.qkv_sizes = [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
+        self.gate_up_sizes = [c.intermediate_size, c.intermediate_size]
         self.norm = reader.get("model.norm.weight")
         # Tied models usually omit lm_head.weight; share the embedding then.
         if config.tie_word_embeddings or not reader.has("lm_head.weight"):
@@ -98,7 +108,8 @@ class DecoderModel:
     def weight_bytes(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
+            for value in vars(layer).values():
+                tensors += [t for t in (value if isinstance(value, list) else [value]) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @torch.inference_mode()
@@ -106,40 +117,37 @@ class DecoderModel:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        slots: torch.Tensor,
-        rows: list[RowSpan],
         logits_indices: torch.Tensor,
-        cache: KVCache,
+        attention: AttentionBackend,
     ) -> torch.Tensor:
-        """Runs all new tokens of a step; returns float32 logits [len(logits_indices), vocab]."""
+        """Runs all new tokens of a step (attention.prepare() already called for
+        it); returns float32 logits [len(logits_indices), vocab]."""
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.config.rms_norm_eps)
-            x = x + self._attention(i, layer, h, cos, sin, slots, rows, cache)
+            x = x + self._attention(i, layer, h, cos, sin, attention)
             h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
             x = x + self._mlp(layer, h)
         x = x.index_select(0, logits_indices)
         x = rms_norm(x, self.norm, self.config.rms_norm_eps)
         return F.linear(x, self.lm_head).to(torch.float32)
 
-    def _attention(self, i, layer: LayerWeights, h, cos, sin, slots, rows, cache: KVCache) -> torch.Tensor:
+    def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: AttentionBackend) -> torch.Tensor:
         c = self.config
         t = h.shape[0]
-        q = F.linear(h, layer.q_proj, layer.q_bias).view(t, c.num_heads, c.head_dim)
-        k = F.linear(h, layer.k_proj, layer.k_bias).view(t, c.num_kv_heads, c.head_dim)
-        v = F.linear(h, layer.v_proj, layer.v_bias).view(t, c.num_kv_heads, c.head_dim)
+        q, k, v = _project(h, layer.qkv, layer.qkv_bias, self.qkv_sizes)
+        q = q.view(t, c.num_heads, c.head_dim)
+        k = k.view(t, c.num_kv_heads, c.head_dim)
+        v = v.view(t, c.num_kv_heads, c.head_dim)
         if layer.q_norm is not None:
             q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
             k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
         q = self.rotary.apply(q, cos, sin)
         k = self.rotary.apply(k, cos, sin)
-        cache.write(i, slots, k, v)
-        k_slots, v_slots = cache.flat(i)
-        out = paged_attention(q, k_slots, v_slots, rows, self.scale, c.sliding_windows[i])
+        out = attention.run(i, q, k, v)
         return F.linear(out.reshape(t, c.num_heads * c.head_dim), layer.o_proj, layer.o_bias)
 
     def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        gate = F.linear(h, layer.gate_proj, layer.gate_bias)
-        up = F.linear(h, layer.up_proj, layer.up_bias)
+        gate, up = _project(h, layer.gate_up, layer.gate_up_bias, self.gate_up_sizes)
         return F.linear(F.silu(gate) * up, layer.down_proj, layer.down_bias)

@@ -2,12 +2,14 @@
 
 The engine sends a request's tokens and sampling parameters once (when added);
 afterwards every sampled token is appended here, so later steps only carry
-positions, counts and new block ids.
+positions, counts and new block ids. The forward pass reads tokens and block
+tables from the persistent batch's columns (persistent_batch.py, row `slot`);
+token_ids is kept for the sampler (penalties, min_tokens).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +22,8 @@ class RequestState:
     token_ids: list[int]
     num_prompt_tokens: int
     sampling: SamplingParams
-    block_table: list[int] = field(default_factory=list)
+    # Row of the request in the persistent batch (-1: not in one).
+    slot: int = -1
     # Seeded once when sampling.seed is set, so the request's random stream
     # does not depend on which other requests share its steps.
     generator: torch.Generator | None = None
@@ -33,6 +36,3 @@ class RequestState:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    def block_table_tensor(self, device: torch.device) -> torch.Tensor:
-        return torch.tensor(self.block_table, dtype=torch.int64, device=device)

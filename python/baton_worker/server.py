@@ -9,9 +9,11 @@ printed to stderr, and the process exits 1 after giving ZeroMQ ~1 s to flush.
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
+import torch
 import zmq
 
 from . import protocol
@@ -82,9 +84,26 @@ def serve(channel: Channel, runner) -> int:
             raise protocol.ProtocolError("message.tag", f"{type(message).__name__} is not sent to the worker")
 
 
+def set_cpu_threads() -> int:
+    """torch's intra-op threads: one core fewer than the process may use, so
+    that Node (event loop and engine thread, which prepares step N+1 while N
+    runs) keeps a core; OMP_NUM_THREADS, when set, wins.
+
+    Measured on the demo model, decode step at B=32, 2 shared cores
+    (bench/worker_step.py --batch 32 --threads 1 2, two runs): 1 thread
+    128.5 / 73.4 ms per step, 2 threads 255.3 / 534.0 ms. With a core taken
+    by anything else, every parallel region waits for its slowest thread, so
+    all cores is the worst choice exactly when the engine is busy."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        torch.set_num_threads(max(1, cores - 1))
+    return torch.get_num_threads()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     protect_against_orphaning()
+    set_cpu_threads()
     try:
         opts = parse_options(argv)
     except OptionsError as error:

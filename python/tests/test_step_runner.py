@@ -92,3 +92,47 @@ def test_inconsistent_steps_name_the_field(model_dir, build, error):
         r.execute(s)
     with pytest.raises(ProtocolError, match=error):
         r.execute(steps[-1])
+
+
+def test_persistent_batch_reuses_slots_and_resumes_the_same_id(model_dir):
+    """Remove a request mid-generation and re-add it under the same id in the
+    same step (preemption by recomputation): its slot is reused with fresh
+    columns, and greedy output continues exactly as transformers'."""
+    prompt = [5, 50, 150, 250, 350]
+    other = [9, 90, 190]
+    expected = hf_greedy(model_dir, [prompt, other], 10)
+    r = runner(model_dir, num_blocks=64)
+    first = SimRequest(1, prompt, 6, SamplingParams(temperature=0.0))
+    neighbour = SimRequest(2, other, 3, SamplingParams(temperature=0.0))
+    sim = EngineSim(r, 4, 64, token_budget=6)
+    sim.run([first, neighbour])
+    assert neighbour.output == expected[1][:3]
+    # The neighbour's removal went out; request 1's is still pending.
+    assert list(r.requests) == [1]
+    slot = r.requests[1].slot
+    # A new request takes the neighbour's freed slot, not request 1's.
+    r.execute(step(100, [greedy_request(3, [1, 2, 3])], rows=[(3, 3, 0, 1, 0)], blocks=[60]))
+    assert r.requests[3].slot != slot
+    # Request 1 comes back (removed and re-added in one step) with prompt + outputs to recompute.
+    resumed = SimRequest(1, prompt + first.output, 4, SamplingParams(temperature=0.0))
+    sim2 = EngineSim(r, 4, 60, token_budget=4, seed=5)
+    sim2.pending_removals = [1]
+    sim2.run([resumed])
+    assert first.output + resumed.output == expected[0]
+    assert r.requests[1].slot == slot
+    state = r.requests[3]
+    # Columns of the request still held: its tokens, length and table.
+    assert r.batch.lengths[state.slot] == 3 and r.batch.num_pages[state.slot] == 1
+    assert r.batch.tokens[state.slot, :3].tolist() == [1, 2, 3] and r.batch.block_table[state.slot, 0] == 60
+
+
+def test_reference_and_cpu_attention_give_the_same_tokens(model_dir):
+    prompts = [[7, 8, 9, 10, 11, 12, 13], [100, 200], [300, 301, 302, 303, 304, 305, 306, 307, 308, 309, 310]]
+    outputs = {}
+    for backend in ("reference", "cpu"):
+        opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=64)
+        loaded = load_worker(opts, attention_backend=backend)
+        requests = [SimRequest(i, p, 8, SamplingParams(temperature=0.0), arrive_step=i) for i, p in enumerate(prompts)]
+        EngineSim(loaded.runner, 4, 64, token_budget=5).run(requests)
+        outputs[backend] = [q.output for q in requests]
+    assert outputs["reference"] == outputs["cpu"]

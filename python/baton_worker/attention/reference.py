@@ -1,8 +1,6 @@
-"""Paged attention for a flattened mixed batch (prefill chunks and decodes).
-
-Each row attends over its whole context, gathered from the KV cache through
-its block table; a per-row loop with torch SDPA is simple and exact on CPU.
-Causality inside a chunk and sliding windows are expressed as a boolean mask.
+"""The reference backend: a per-row loop with torch SDPA over each row's
+gathered context. Slow (two gathers and one SDPA per row per layer), simple,
+and what the faster backends are tested against.
 """
 
 from __future__ import annotations
@@ -11,6 +9,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ..kv_cache import slots_for
+from .base import AttentionBackend, AttentionMetadata
 
 
 @dataclass
@@ -62,3 +63,20 @@ def paged_attention(
         attn = F.scaled_dot_product_attention(q_row, k_row, v_row, attn_mask=mask, scale=scale, enable_gqa=gqa)
         out[span] = attn.squeeze(0).transpose(0, 1)
     return out
+
+
+class ReferenceBackend(AttentionBackend):
+    name = "reference"
+
+    def prepare(self, meta: AttentionMetadata) -> None:
+        self.slots = meta.slot_mapping
+        device = meta.slot_mapping.device
+        self.rows = []
+        for r, (start, end, seq_len) in enumerate(zip(meta.query_start[:-1].tolist(), meta.query_start[1:].tolist(), meta.seq_lens.tolist())):
+            context = slots_for(meta.block_table[r], torch.arange(seq_len, device=device), meta.block_size)
+            self.rows.append(RowSpan(start, end - start, seq_len - (end - start), context))
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.cache.write(layer, self.slots, k, v)
+        k_slots, v_slots = self.cache.flat(layer)
+        return paged_attention(q, k_slots, v_slots, self.rows, self.scale, self.windows[layer])

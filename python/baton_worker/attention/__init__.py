@@ -1,0 +1,36 @@
+"""Attention backends behind one interface (base.AttentionBackend):
+reference (per-row SDPA loop, what tests compare against), cpu (bucketed
+batched SDPA over gathered pages) and flex (FlexAttention over the paged
+cache, for CUDA)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from .base import AttentionBackend, AttentionMetadata
+from .cpu import CpuBackend
+from .flex import FlexBackend
+from .reference import ReferenceBackend, RowSpan, paged_attention
+
+BACKENDS = ("auto", "reference", "cpu", "flex")
+
+
+def make_backend(name: str, cache: KVCache, num_heads: int, scale: float, windows: list[int | None]) -> AttentionBackend:
+    device = cache.layers[0].device
+    if name == "auto":
+        name = "flex" if device.type == "cuda" else "cpu"
+    if name == "reference":
+        return ReferenceBackend(cache, num_heads, scale, windows)
+    if name == "cpu":
+        return CpuBackend(cache, num_heads, scale, windows)
+    if name == "flex":
+        # Compiled kernels on CUDA; eager (exact but dense, slow) elsewhere.
+        return FlexBackend(cache, num_heads, scale, windows, compile=device.type == "cuda")
+    raise ValueError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKENDS)}")
+
+
+__all__ = [
+    "AttentionBackend", "AttentionMetadata", "BACKENDS", "CpuBackend", "FlexBackend",
+    "ReferenceBackend", "RowSpan", "make_backend", "paged_attention",
+]
