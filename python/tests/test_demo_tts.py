@@ -186,15 +186,15 @@ def test_sliding_window_chunks_one_final_last_offsets_and_context(n):
     assert [c.index for c, _ in chunks] == list(range(len(chunks)))
     seen = 0  # items [0, seen) were in earlier chunks
     for chunk, length in chunks:
-        assert chunk.start + chunk.context == seen
-        assert chunk.context == min(length, max(0, seen - chunk.start))
+        assert chunk.start + chunk.context_count == seen
+        assert chunk.context_count == min(length, max(0, seen - chunk.start))
         assert chunk.start + length <= n
         if not chunk.final:
             assert length == W
         seen = max(seen, chunk.start + length)
     assert seen == n  # every item in some chunk
     final, length = chunks[-1]
-    assert length - final.context < S or n < W  # after a full window the final chunk completes no frame
+    assert length - final.context_count < S or n < W  # after a full window the final chunk completes no frame
 
 
 @pytest.mark.parametrize("n", COUNTS)

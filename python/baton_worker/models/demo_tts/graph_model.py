@@ -13,10 +13,13 @@ end-of-audio, the request's max tokens or max_iters, all token stops decided
 by the engine core). codec starts in codec_chunk and stays there, one pass per
 chunk, done after the pass that consumed the final chunk.
 
-The `codec` submodule is a CodecStream (streaming.py): it takes each chunk's
-items together with the chunk's metadata (index, start, context, final) and
-returns each chunk's new PCM. The `llm` node is the worker's own Llama
-(KV-cache engine) over the `llm/` sub-directory, so get_submodule gives None.
+The `codec` submodule is a CodecNode: one pass per chunk, under the node
+runner's submodule contract (prepare_inputs / preprocess / forward(graph_walk,
+infos, batch)); it hands each chunk's items and its ChunkInfo (index, start,
+context_count, final) to CodecStream (streaming.py), which decodes the batch
+and returns each chunk's new PCM; a chunk with no new frame emits nothing. The
+`llm` node is the worker's own Llama (KV-cache engine) over the `llm/`
+sub-directory, so get_submodule gives None.
 Names follow M*'s Orpheus (text_inputs, new_token, decode_loop, audio_chunk).
 """
 
@@ -31,11 +34,32 @@ from ...graph.model import GraphModel, PartitionTransitions, WalkInput, WalkStep
 from ...graph.streaming import Connection, PartitionTopology, SlidingWindowChunkPolicy
 from .audio import pcm_to_s16le
 from .spec import DemoTTSSpec
-from .streaming import load_codec_stream
+from .streaming import CodecStream, load_codec_stream
 from .text import prompt_tensors
 
 LLM = "llm"
 CODEC = "codec"
+
+
+class CodecNode(torch.nn.Module):
+    """The `codec` node's submodule: a batch of passes, one chunk of `new_token` each."""
+
+    def __init__(self, stream: CodecStream):
+        super().__init__()
+        self.stream = stream
+
+    def prepare_inputs(self, graph_walk: str, info, inputs: dict[str, list[torch.Tensor]]):
+        # The chunk's ids may come as one tensor or one per item: in order either way.
+        items = [t.reshape(-1) for t in inputs.get("new_token", [])]
+        tokens = torch.cat(items) if items else torch.zeros(0, dtype=torch.int64)
+        return tokens, info.chunks["new_token"]
+
+    def preprocess(self, graph_walk: str, infos, prepared: list):
+        return prepared
+
+    def forward(self, graph_walk: str, infos, batch: list) -> list[dict[str, list[torch.Tensor]]]:
+        pcm = self.stream([tokens for tokens, _ in batch], [chunk for _, chunk in batch])
+        return [{"audio_chunk": [p] if p.numel() else []} for p in pcm]
 
 
 class BatonDemoTTS(GraphModel):
@@ -110,7 +134,7 @@ class BatonDemoTTS(GraphModel):
 
     def get_submodule(self, node_name: str, device: torch.device | str = "cpu") -> torch.nn.Module | None:
         if node_name == CODEC:
-            return load_codec_stream(self.model_dir, device)
+            return CodecNode(load_codec_stream(self.model_dir, device))
         if node_name == LLM:
             return None
         raise ValueError(f"unknown node {node_name!r}")

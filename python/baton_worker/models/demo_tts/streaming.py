@@ -63,11 +63,14 @@ from .spec import DemoTTSSpec
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """The metadata the runtime gives with every chunk (GRAPH.md "Streaming connections")."""
+    """The metadata the runtime gives with every chunk (GRAPH.md "Streaming connections").
+
+    Same fields as the graph runtime's ChunkInfo, so either can be passed.
+    """
 
     index: int
     start: int  # stream offset of the chunk's first item
-    context: int  # leading items already held by an earlier chunk
+    context_count: int  # leading items already held by an earlier chunk
     final: bool
 
 
@@ -104,7 +107,7 @@ def chunk_frames(chunk: StreamChunk, audio_items: int, tokens_per_frame: int) ->
     first = -(-chunk.start // f)
     end = (chunk.start + audio_items) // f
     count = max(0, end - first)
-    first_new = max(first, (chunk.start + chunk.context) // f)
+    first_new = max(first, (chunk.start + chunk.context_count) // f)
     return FrameSpan(first, count, first_new, max(0, end - first_new))
 
 
