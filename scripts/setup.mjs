@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Installs everything Baton needs, idempotently: npm packages, the TypeScript
-// build, a Python environment for the model worker, and the demo model.
+// build, a Python environment for the model worker, the demo model and the
+// demo text-to-speech model.
 //
 //   node scripts/setup.mjs              run every step that is out of date
 //   node scripts/setup.mjs --if-needed  same, but silent when nothing is to do
@@ -115,9 +116,29 @@ function ensureDemoModel(stamp) {
   return true;
 }
 
+// The demo text-to-speech model (`baton serve models/demo-tts`), rebuilt when
+// any file of its package changes: builder, spec, codec and tokenizer all shape it.
+function ensureDemoTTS(stamp) {
+  const out = join(root, "models", "demo-tts");
+  const pkg = join("python", "baton_worker", "models", "demo_tts");
+  const files = readdirSync(join(root, pkg))
+    .filter((name) => name.endsWith(".py"))
+    .sort()
+    .map((name) => join(pkg, name));
+  const key = hashFiles(files);
+  if (stamp.demoTTS === key && existsSync(join(out, "llm", "model.safetensors")) && existsSync(join(out, "codec.safetensors"))) {
+    return false;
+  }
+  run(pythonFor(), ["-m", "baton_worker.models.demo_tts.build", "--out", out], {
+    env: { ...process.env, PYTHONPATH: join(root, "python") },
+  });
+  stamp.demoTTS = key;
+  return true;
+}
+
 function main() {
   const stamp = readStamp();
-  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel];
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS];
   let changed = false;
   for (const step of steps) {
     changed = step(stamp) || changed;

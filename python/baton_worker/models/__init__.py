@@ -1,0 +1,1 @@
+"""Graph models that ship with Baton (each a package with its builder)."""
