@@ -24,10 +24,10 @@ class RequestState:
     # Seeded once when sampling.seed is set, so the request's random stream
     # does not depend on which other requests share its steps.
     generator: torch.Generator | None = None
-    # Penalty bookkeeping, created on first use (vocab-sized tensors).
-    output_counts: torch.Tensor | None = None
-    seen_mask: torch.Tensor | None = None
-    # How many tokens the penalty tensors already account for.
+    # The request's row in the sampler's penalty tables (PenaltyCounts), taken
+    # on its first penalised step and given back when this state is dropped.
+    penalty_row: int | None = None
+    # How many of token_ids that row already accounts for.
     counted: int = 0
 
     @property
