@@ -8,10 +8,14 @@ positions, counts and new block ids.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .protocol import SamplingParams
+
+if TYPE_CHECKING:
+    from .sampler import PenaltyBooks
 
 
 @dataclass
@@ -24,11 +28,9 @@ class RequestState:
     # Seeded once when sampling.seed is set, so the request's random stream
     # does not depend on which other requests share its steps.
     generator: torch.Generator | None = None
-    # The request's row in the sampler's penalty tables (PenaltyCounts), taken
-    # on its first penalised step and given back when this state is dropped.
-    penalty_row: int | None = None
-    # How many of token_ids that row already accounts for.
-    counted: int = 0
+    # The sampler's penalty bookkeeping (sampler.PenaltyBooks), made on the
+    # first penalised step; dropped with this state.
+    penalties: PenaltyBooks | None = None
 
     @property
     def num_output_tokens(self) -> int:

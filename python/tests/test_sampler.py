@@ -31,7 +31,9 @@ def probs_logits(*probs) -> torch.Tensor:
 
 
 def penalised(sampler, logits, st) -> torch.Tensor:
-    return sampler._apply_penalties(logits[None].clone(), [st], owned=True)[0]
+    work = logits[None].clone()
+    sampler.penalty_counts.apply(work, [st])
+    return work[0]
 
 
 def draws(sampler, logits, st, n=300) -> set[int]:
