@@ -100,10 +100,10 @@ class Sampler:
         return self._to_host(logits, tokens, states)
 
     def _scratch_rows(self, rows: int, like: torch.Tensor) -> torch.Tensor:
-        """[rows, vocab] of the step's scratch buffer (grown to a power of two, kept between steps)."""
+        """[rows, vocab] of the step's scratch buffer (kept between steps, grown 32 rows at a time)."""
         buf, vocab = self._scratch, like.shape[1]
         if buf is None or buf.shape[0] < rows or buf.shape[1] != vocab or buf.dtype != like.dtype:
-            size = max(8, 1 << (rows - 1).bit_length())
+            size = 8 if rows <= 8 else -(-rows // 32) * 32
             self._scratch = None  # let the old one go first
             self._scratch = buf = torch.empty(size, vocab, dtype=like.dtype, device=self.device)
         return buf[:rows]
