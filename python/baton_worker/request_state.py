@@ -10,10 +10,14 @@ token_ids is kept for the sampler (penalties, min_tokens).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .protocol import SamplingParams
+
+if TYPE_CHECKING:
+    from .sampler import PenaltyBooks
 
 
 @dataclass
@@ -27,11 +31,9 @@ class RequestState:
     # Seeded once when sampling.seed is set, so the request's random stream
     # does not depend on which other requests share its steps.
     generator: torch.Generator | None = None
-    # Penalty bookkeeping, created on first use (vocab-sized tensors).
-    output_counts: torch.Tensor | None = None
-    seen_mask: torch.Tensor | None = None
-    # How many tokens the penalty tensors already account for.
-    counted: int = 0
+    # The sampler's penalty bookkeeping (sampler.PenaltyBooks), made on the
+    # first penalised step; dropped with this state.
+    penalties: PenaltyBooks | None = None
 
     @property
     def num_output_tokens(self) -> int:

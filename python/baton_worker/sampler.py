@@ -1,16 +1,34 @@
-"""Sampling on the worker, with vLLM semantics.
+"""Sampling on the worker, with vLLM semantics, batched over the step's rows.
 
 Order per row: raw logprobs (for the response) from log_softmax of the raw
 logits; min_tokens suppression; repetition penalty (prompt + output tokens),
 frequency and presence penalties (output tokens only); then greedy argmax when
-temperature is 0, else temperature, min-p, top-k, top-p and a multinomial draw
-from the request's own generator when it has a seed (the global one
-otherwise). Rows that need nothing but argmax are handled in one batched call.
+temperature is 0, else temperature, min-p, top-k, top-p and an inverse-CDF draw
+with one uniform number per row: from the request's own generator when it has a
+seed, from the sampler's generator otherwise (all such rows in one draw).
+
+Each stage is one tensor operation over all the rows that need it, done in
+place in a scratch buffer kept from step to step (on CPU a fresh [rows, vocab]
+tensor per stage costs more than the stage). The rows are laid out in the
+buffer by what they need (penalised greedy rows, then the vocabulary-wide
+draws, then one block per top-k window, then top-p-only rows), so every stage
+works on a contiguous slice.
+
+A seeded request's tokens depend only on its seed and its logits, never on its
+batch-mates: each row's arithmetic is the one the per-row sampler did alone
+(softmax, cumsum and topk treat rows independently; sums that torch may split
+across threads for a lone row are taken row by row; seeded rows are grouped by
+their own top-k, since topk's order among ties depends on k), while unseeded
+rows share one window of the largest k.
+
+The result leaves the device in one copy per step: token ids, their logprobs
+and the top logprobs packed into one int32 tensor.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,6 +37,9 @@ from .request_state import RequestState
 
 # Below this temperature a request is treated as greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
+
+# First top-p window tried for rows without top-k; grown 4x until it holds top_p of the mass.
+_TOP_P_FIRST_WINDOW = 64
 
 
 @dataclass
@@ -34,15 +55,23 @@ def is_greedy(state: RequestState) -> bool:
     return state.sampling.temperature < SAMPLING_EPS
 
 
-def _needs_processing(state: RequestState) -> bool:
+def has_penalties(state: RequestState) -> bool:
     s = state.sampling
-    return (
-        not is_greedy(state)
-        or s.repetition_penalty != 1.0
-        or s.frequency_penalty != 0.0
-        or s.presence_penalty != 0.0
-        or (state.num_output_tokens < s.min_tokens and len(s.suppress_token_ids) > 0)
-    )
+    return s.repetition_penalty != 1.0 or s.frequency_penalty != 0.0 or s.presence_penalty != 0.0
+
+
+def suppresses(state: RequestState) -> bool:
+    s = state.sampling
+    return state.num_output_tokens < s.min_tokens and len(s.suppress_token_ids) > 0
+
+
+@dataclass
+class _Block:
+    """Consecutive non-greedy rows of the scratch buffer drawn the same way."""
+
+    kind: str  # "vocab": whole vocabulary; "top_k": a top-k window of `k`; "top_p": top-p without top-k
+    k: int
+    rows: list[int] = field(default_factory=list)  # indices into the step's states
 
 
 class Sampler:
@@ -50,128 +79,417 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.penalty_counts = PenaltyCounts(device)
+        self._scratch: torch.Tensor | None = None
 
     def sample(self, logits: torch.Tensor, states: list[RequestState]) -> SampleOutput:
-        """logits: float32 [rows, vocab], one row per request that samples this step."""
-        tokens = torch.argmax(logits, dim=-1) if logits.shape[0] else torch.zeros(0, dtype=torch.int64)
-        for i, state in enumerate(states):
-            if _needs_processing(state):
-                tokens[i] = self._sample_row(logits[i], state)
-        token_ids = tokens.to(torch.int32).cpu().numpy()
-        return self._with_logprobs(logits, states, token_ids)
+        """logits: float32 [rows, vocab], one row per request that samples this step (left unchanged)."""
+        n = len(states)
+        if n == 0:
+            return SampleOutput(np.zeros(0, np.int32), None, None, None, None)
+        greedy, hot = [], []  # penalised or suppressed greedy rows; the rest that are not greedy
+        for i, st in enumerate(states):
+            if not is_greedy(st):
+                hot.append(i)
+            elif has_penalties(st) or suppresses(st):
+                greedy.append(i)
+        if greedy or hot:
+            tokens = self._sample_processed(logits, states, greedy, hot)
+        else:
+            tokens = torch.argmax(logits, dim=-1)
+        return self._to_host(logits, tokens, states)
 
-    def _sample_row(self, raw: torch.Tensor, state: RequestState) -> int:
-        s = state.sampling
-        logits = raw.clone()
-        if state.num_output_tokens < s.min_tokens and len(s.suppress_token_ids) > 0:
-            ids = torch.as_tensor(np.asarray(s.suppress_token_ids, dtype=np.int64), device=logits.device)
-            logits[ids[ids < logits.numel()]] = float("-inf")
-        logits = self._apply_penalties(logits, state)
-        if is_greedy(state):
-            return int(torch.argmax(logits))
-        probs = torch.softmax(logits / s.temperature, dim=-1)
-        ids, weights = _restrict(probs, s.min_p, s.top_k, s.top_p)
-        # Inverse-CDF draw: one uniform number from the request's generator;
-        # much cheaper than multinomial over a 150k vocabulary.
-        cdf = torch.cumsum(weights, dim=0)
-        u = torch.rand(1, generator=self._generator_for(state), device=cdf.device) * cdf[-1]
-        pick = int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
-        return pick if ids is None else int(ids[pick])
+    def _scratch_rows(self, rows: int, like: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] of the step's scratch buffer (kept between steps, grown 32 rows at a time)."""
+        buf, vocab = self._scratch, like.shape[1]
+        if buf is None or buf.shape[0] < rows or buf.shape[1] != vocab or buf.dtype != like.dtype:
+            size = 8 if rows <= 8 else -(-rows // 32) * 32
+            self._scratch = None  # let the old one go first
+            self._scratch = buf = torch.empty(size, vocab, dtype=like.dtype, device=self.device)
+        return buf[:rows]
+
+    # ------------------------------------------------------------ processing
+
+    def _sample_processed(self, logits: torch.Tensor, states: list[RequestState], greedy: list[int], hot: list[int]) -> torch.Tensor:
+        n, vocab = logits.shape
+        device = logits.device
+        blocks = _blocks([states[i] for i in hot], hot, vocab)
+        order = greedy + [i for b in blocks for i in b.rows]
+        laid = [states[i] for i in order]
+        identity = len(order) == n and order == list(range(n))
+        work = self._scratch_rows(len(order), logits)
+        edits = any(has_penalties(st) or suppresses(st) for st in laid)
+        temps = torch.tensor([states[i].sampling.temperature for i in order[len(greedy) :]], dtype=logits.dtype, device=device)
+        divided = identity and not edits and not greedy
+        if divided:
+            torch.div(logits, temps[:, None], out=work)
+        elif identity:
+            work.copy_(logits)
+        else:
+            torch.index_select(logits, 0, _index(order, device), out=work)
+        if edits:
+            _suppress(work, laid)
+            self.penalty_counts.apply(work, laid)
+
+        picked = torch.empty(len(order), dtype=torch.int64, device=device)
+        g = len(greedy)
+        if g:
+            torch.argmax(work[:g], dim=-1, out=picked[:g])
+        if hot:
+            probs = work[g:]
+            if not divided:
+                probs.div_(temps[:, None])
+            torch.softmax(probs, dim=-1, out=probs)
+            params = [st.sampling for st in laid[g:]]
+            if any(s.min_p > 0.0 for s in params):
+                min_p = torch.tensor([s.min_p for s in params], dtype=probs.dtype, device=device)[:, None]
+                probs.masked_fill_(probs < probs.amax(dim=-1, keepdim=True) * min_p, 0.0)
+            picked[g:] = self._draw(probs, laid[g:], blocks)
+
+        if identity:
+            return picked
+        tokens = torch.empty(n, dtype=torch.int64, device=device)
+        plain = n - len(order)
+        if plain:
+            done = set(order)
+            rest = [i for i in range(n) if i not in done]
+            if 2 * plain >= n:
+                tokens = torch.argmax(logits, dim=-1)
+            else:
+                tokens.index_copy_(0, _index(rest, device), torch.stack([torch.argmax(logits[i]) for i in rest]))
+        return tokens.index_copy_(0, _index(order, device), picked)
+
+    # ------------------------------------------------------------ drawing
+
+    def _draw(self, probs: torch.Tensor, states: list[RequestState], blocks: list[_Block]) -> torch.Tensor:
+        """One token per row of probs (laid out block after block); probs is used up."""
+        uniforms = self._uniforms(states)
+        tokens = torch.empty(len(states), dtype=torch.int64, device=probs.device)
+        start = 0
+        for block in blocks:
+            end = start + len(block.rows)
+            sub = states[start:end]
+            seeded = [st.sampling.seed is not None for st in sub]
+            top_p = [st.sampling.top_p for st in sub]
+            rows, u = probs[start:end], uniforms[start:end]
+            if block.kind == "vocab":
+                cdf = torch.cumsum(rows, dim=-1, out=rows)
+                tokens[start:end] = _locate(cdf, None, torch.full_like(u, rows.shape[1], dtype=torch.int64), u)
+            elif block.kind == "top_k":
+                weights, ids = torch.topk(rows, block.k)
+                top_k = [st.sampling.top_k for st in sub]
+                tokens[start:end] = _draw_window(weights, ids, top_k, top_p, seeded, u)
+            else:
+                for where, weights, ids in _top_p_windows(rows, top_p, seeded):
+                    at = _index(where, probs.device)
+                    drawn = _draw_window(weights, ids, [0] * len(where), [top_p[j] for j in where], [seeded[j] for j in where], u[at])
+                    tokens[start + at] = drawn
+            start = end
+        return tokens
+
+    def _uniforms(self, states: list[RequestState]) -> torch.Tensor:
+        """One uniform number per row, [rows, 1]: a seeded row's from its own generator, the rest in one draw."""
+        seeded = [i for i, st in enumerate(states) if st.sampling.seed is not None]
+        if not seeded:
+            return torch.rand(len(states), 1, generator=self.generator, device=self.device)
+        own = torch.cat([torch.rand(1, generator=self._generator_for(states[i]), device=self.device) for i in seeded])
+        if len(seeded) == len(states):
+            return own[:, None]
+        out = torch.empty(len(states), dtype=own.dtype, device=self.device)
+        out[_index(seeded, self.device)] = own
+        rest = [i for i in range(len(states)) if states[i].sampling.seed is None]
+        out[_index(rest, self.device)] = torch.rand(len(rest), generator=self.generator, device=self.device)
+        return out[:, None]
 
     def _generator_for(self, state: RequestState) -> torch.Generator:
-        if state.sampling.seed is None:
-            return self.generator
         if state.generator is None:
             state.generator = torch.Generator(device=self.device)
             state.generator.manual_seed(state.sampling.seed & 0xFFFF_FFFF_FFFF_FFFF)
         return state.generator
 
-    def _apply_penalties(self, logits: torch.Tensor, state: RequestState) -> torch.Tensor:
-        s = state.sampling
-        if s.repetition_penalty == 1.0 and s.frequency_penalty == 0.0 and s.presence_penalty == 0.0:
-            return logits
-        _update_counts(state, logits.numel(), logits.device)
-        if s.repetition_penalty != 1.0:
-            penalised = torch.where(logits > 0, logits / s.repetition_penalty, logits * s.repetition_penalty)
-            logits = torch.where(state.seen_mask, penalised, logits)
-        if s.frequency_penalty != 0.0 or s.presence_penalty != 0.0:
-            counts = state.output_counts.to(logits.dtype)
-            logits = logits - s.frequency_penalty * counts - s.presence_penalty * (counts > 0).to(logits.dtype)
-        return logits
+    # ------------------------------------------------------------ results
 
-    def _with_logprobs(self, logits: torch.Tensor, states: list[RequestState], token_ids: np.ndarray) -> SampleOutput:
-        wanted = [s.sampling.logprobs for s in states]
-        if not any(n >= 0 for n in wanted):
-            return SampleOutput(token_ids, None, None, None, None)
-        # vLLM's default: logprobs of the raw (unprocessed) distribution.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        chosen = logprobs.gather(1, torch.as_tensor(token_ids, dtype=torch.int64, device=logits.device)[:, None])
-        out = SampleOutput(token_ids, chosen[:, 0].cpu().numpy().astype(np.float32), None, None, None)
-        if not any(n > 0 for n in wanted):
+    def _to_host(self, logits: torch.Tensor, tokens: torch.Tensor, states: list[RequestState]) -> SampleOutput:
+        """Tokens and the logprobs asked for, in one device-to-host copy.
+
+        Logprobs are of the raw distribution (vLLM's default); the top ones come
+        from one topk of the largest count asked for, cut per row on the host.
+        """
+        n, vocab = logits.shape
+        wanted = [st.sampling.logprobs for st in states]
+        if all(w < 0 for w in wanted):
+            return SampleOutput(tokens.to(torch.int32).cpu().numpy(), None, None, None, None)
+        counts = np.array([min(max(w, 0), vocab) for w in wanted], dtype=np.int32)
+        tops = np.flatnonzero(counts).tolist()
+        width = int(counts.max())
+        # Rows with top logprobs first, so the topk reads one slice.
+        order = tops + [i for i in range(n) if counts[i] == 0] if 0 < len(tops) < n else None
+        logprobs = self._scratch_rows(n, logits)
+        if order is None:
+            torch.log_softmax(logits, dim=-1, out=logprobs)
+            chosen = logprobs.gather(1, tokens[:, None])[:, 0]
+        else:
+            index = _index(order, logits.device)
+            torch.index_select(logits, 0, index, out=logprobs)
+            torch.log_softmax(logprobs, dim=-1, out=logprobs)
+            chosen = torch.empty(n, dtype=logprobs.dtype, device=logits.device)
+            chosen[index] = logprobs.gather(1, tokens[index][:, None])[:, 0]
+        parts = [tokens.to(torch.int32), chosen.to(torch.float32).view(torch.int32)]
+        if width:
+            top_lps, top_ids = torch.topk(logprobs[: len(tops)], width)
+            parts += [top_ids.to(torch.int32).reshape(-1), top_lps.to(torch.float32).reshape(-1).view(torch.int32)]
+        host = torch.cat(parts).cpu().numpy()
+        out = SampleOutput(host[:n].copy(), host[n : 2 * n].view(np.float32).copy(), None, None, None)
+        if not width:
             return out
-        vocab = logprobs.shape[1]
-        counts = np.array([min(max(n, 0), vocab) for n in wanted], dtype=np.int32)
-        top_ids, top_lps = [], []
-        for i, n in enumerate(counts):
-            if n > 0:
-                values, ids = torch.topk(logprobs[i], int(n))
-                top_ids.append(ids.cpu().numpy().astype(np.int32))
-                top_lps.append(values.cpu().numpy().astype(np.float32))
+        cut = (np.arange(width)[None, :] < counts[tops][:, None]).reshape(-1)
+        block = len(tops) * width
         out.top_counts = counts
-        out.top_ids = np.concatenate(top_ids) if top_ids else np.zeros(0, np.int32)
-        out.top_logprobs = np.concatenate(top_lps) if top_lps else np.zeros(0, np.float32)
+        out.top_ids = host[2 * n : 2 * n + block][cut]
+        out.top_logprobs = host[2 * n + block :].view(np.float32)[cut]
         return out
 
 
-def _update_counts(state: RequestState, vocab: int, device: torch.device) -> None:
-    """Brings the request's penalty tensors up to date with its token list."""
-    if state.output_counts is None:
-        state.output_counts = torch.zeros(vocab, dtype=torch.int32, device=device)
-        state.seen_mask = torch.zeros(vocab, dtype=torch.bool, device=device)
-        state.counted = 0
-    new = torch.as_tensor(state.token_ids[state.counted :], dtype=torch.int64, device=device)
-    new_outputs = state.token_ids[max(state.counted, state.num_prompt_tokens) :]
-    new = new[new < vocab]
-    state.seen_mask[new] = True
-    if new_outputs:
-        out = torch.as_tensor(new_outputs, dtype=torch.int64, device=device)
-        out = out[out < vocab]
-        state.output_counts += torch.bincount(out, minlength=vocab).to(torch.int32)
-    state.counted = len(state.token_ids)
+def _blocks(states: list[RequestState], rows: list[int], vocab: int) -> list[_Block]:
+    """The non-greedy rows by how they are drawn: the whole vocabulary, a top-k
+    window (a seeded row's own k; unseeded rows share the largest), or top-p alone."""
+    whole = _Block("vocab", 0)
+    top_p_only = _Block("top_p", 0)
+    unseeded_k = max((st.sampling.top_k for st in states if 0 < st.sampling.top_k < vocab and st.sampling.seed is None), default=0)
+    by_k: dict[int, _Block] = {}
+    for i, st in zip(rows, states):
+        s = st.sampling
+        if 0 < s.top_k < vocab:
+            k = s.top_k if s.seed is not None else unseeded_k
+            by_k.setdefault(k, _Block("top_k", k)).rows.append(i)
+        elif s.top_p < 1.0:
+            top_p_only.rows.append(i)
+        else:
+            whole.rows.append(i)
+    return [b for b in [whole, *by_k.values(), top_p_only] if b.rows]
 
 
-def _restrict(probs: torch.Tensor, min_p: float, top_k: int, top_p: float) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The support left by min-p, then top-k, then top-p (vLLM's order and rules).
+def _top_p_windows(
+    probs: torch.Tensor, top_p: list[float], seeded: list[bool]
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Top-p without top-k: for each row the smallest descending window of 64 * 4^j tokens
+    holding top_p of its mass (sorting the whole vocabulary is rarely needed).
 
-    Returns (token ids, unnormalised weights); ids None means weights cover
-    the whole vocabulary in token order. Top-p keeps the most likely tokens
-    until the ones before a token already hold top_p of the mass (vLLM: drop
-    the ascending-sorted tail whose cumulative mass is <= 1 - top_p); it grows
-    a top-k window instead of sorting the whole vocabulary.
+    Returns (rows of probs, weights, ids), one per window size reached.
     """
-    if min_p > 0.0:
-        probs = torch.where(probs < probs.max() * min_p, torch.zeros_like(probs), probs)
-    ids, weights = None, probs
-    vocab = probs.numel()
-    if 0 < top_k < vocab:
-        weights, ids = torch.topk(probs, top_k)
-    if top_p < 1.0:
-        if ids is None:
-            weights, ids = _top_mass(probs, top_p)
-        total = weights.sum()
-        before = torch.cumsum(weights, dim=0) - weights  # mass of the more likely tokens
-        keep = int((before < top_p * total).sum().clamp(min=1))
-        weights, ids = weights[:keep], ids[:keep]
-    return ids, weights
-
-
-def _top_mass(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The smallest descending top-k window that holds top_p of the mass."""
-    total = probs.sum()
-    k = 64
-    while True:
-        k = min(k, probs.numel())
-        weights, ids = torch.topk(probs, k)
-        if k == probs.numel() or weights.sum() >= top_p * total:
-            return weights, ids
+    vocab, device = probs.shape[1], probs.device
+    rows = list(range(probs.shape[0]))
+    active = probs
+    targets = torch.tensor(top_p, dtype=probs.dtype, device=device) * _row_sums(active, seeded)
+    windows = []
+    k = _TOP_P_FIRST_WINDOW
+    while rows:
+        k = min(k, vocab)
+        weights, ids = torch.topk(active, k)
+        if k == vocab:
+            windows.append((rows, weights, ids))
+            break
+        enough = (_row_sums(weights, seeded) >= targets).tolist()
+        done = [j for j, ok in enumerate(enough) if ok]
+        if len(done) == len(rows):
+            windows.append((rows, weights, ids))
+            break
+        if done:
+            keep = _index(done, device)
+            windows.append(([rows[j] for j in done], weights[keep], ids[keep]))
+            left = [j for j, ok in enumerate(enough) if not ok]
+            rest = _index(left, device)
+            rows, seeded = [rows[j] for j in left], [seeded[j] for j in left]
+            active, targets = active[rest], targets[rest]
         k *= 4
+    return windows
+
+
+def _draw_window(
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    top_k: list[int],
+    top_p: list[float],
+    seeded: list[bool],
+    uniforms: torch.Tensor,
+) -> torch.Tensor:
+    """Token per row from a descending window of weights.
+
+    An unseeded row's top-k may be narrower than the window: its tail is zeroed.
+    Top-p keeps the most likely tokens until the ones before a token already
+    hold top_p of the window's mass (vLLM: drop the ascending-sorted tail whose
+    cumulative mass is <= 1 - top_p).
+    """
+    rows, width = weights.shape
+    device = weights.device
+    keep = torch.full((rows, 1), width, dtype=torch.int64, device=device)
+    if any(0 < k < width for k in top_k):
+        keep = torch.tensor([k if 0 < k < width else width for k in top_k], dtype=torch.int64, device=device)[:, None]
+        weights = weights.masked_fill(torch.arange(width, device=device) >= keep, 0.0)
+    cdf = torch.cumsum(weights, dim=-1)
+    if any(p < 1.0 for p in top_p):
+        p = torch.tensor(top_p, dtype=weights.dtype, device=device)[:, None]
+        before = cdf - weights  # mass of the more likely tokens
+        held = (before < p * _row_sums(weights, seeded)[:, None]).sum(dim=-1, keepdim=True).clamp(min=1)
+        keep = torch.where(p < 1.0, torch.minimum(held, keep), keep)
+    return _locate(cdf, ids, keep, uniforms)
+
+
+def _locate(cdf: torch.Tensor, ids: torch.Tensor | None, keep: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw over each row's first `keep` entries: u * (mass kept)
+    located in the cumulative weights. cumsum runs along a row in order, so its
+    first `keep` entries are the cumsum of the kept prefix alone."""
+    u = uniforms * cdf.gather(1, keep - 1)
+    pick = torch.minimum(torch.searchsorted(cdf, u, right=True), keep - 1)
+    return (pick if ids is None else ids.gather(1, pick))[:, 0]
+
+
+def _row_sums(weights: torch.Tensor, exact: list[bool]) -> torch.Tensor:
+    """Per-row sums; rows in `exact` are summed alone, as one 1-D tensor, since
+    torch may split a lone long row across threads (a different rounding) but
+    never a row of a batch."""
+    sums = weights.sum(dim=-1)
+    for j, alone in enumerate(exact):
+        if alone:
+            sums[j] = weights[j].sum()
+    return sums
+
+
+def _suppress(work: torch.Tensor, states: list[RequestState]) -> None:
+    """min_tokens: the stop tokens get -inf until enough tokens are out."""
+    vocab = work.shape[1]
+    flat = []
+    for i, st in enumerate(states):
+        if suppresses(st):
+            ids = np.asarray(st.sampling.suppress_token_ids, dtype=np.int64)
+            flat.append(ids[ids < vocab] + i * vocab)
+    if flat:
+        work.view(-1).index_fill_(0, torch.as_tensor(np.concatenate(flat), device=work.device), float("-inf"))
+
+
+# ------------------------------------------------------------ penalties
+
+
+@dataclass
+class PenaltyBooks:
+    """What one request's penalties need: the distinct tokens of its prompt and
+    output (repetition) and its row in the output-count table (frequency,
+    presence)."""
+
+    count_row: int | None  # None: no frequency or presence penalty
+    seen: np.ndarray  # int64, distinct token ids in first-seen order
+    seen_set: set[int]
+    counted: int = 0  # tokens of token_ids already accounted for
+
+
+class PenaltyCounts:
+    """Penalty bookkeeping for the requests with penalties.
+
+    Output-token counts live in one [requests, vocab] int32 table, one row per
+    request, updated each step by one scatter-add of every row's new output
+    tokens. Penalties change only the logits of tokens a request has seen, so
+    they are applied at those positions alone (the same arithmetic per logit
+    as a vocabulary-wide pass, none of its cost).
+
+    A request's table row is taken on its first penalised step and given back
+    when its RequestState is dropped (a preempted request comes back as a new
+    state and recounts its tokens).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.vocab = 0
+        self.counts = torch.zeros(0, 0, dtype=torch.int32, device=device)
+        self.free: list[int] = []
+
+    @property
+    def rows_in_use(self) -> int:
+        return self.counts.shape[0] - len(self.free)
+
+    def apply(self, work: torch.Tensor, states: list[RequestState]) -> None:
+        """Penalises work (raw logits, row i for states[i]) in place."""
+        vocab = work.shape[1]
+        rows = [i for i, st in enumerate(states) if has_penalties(st)]
+        if not rows:
+            return
+        self._update([states[i] for i in rows], vocab)
+        books = [states[i].penalties for i in rows]
+        params = [states[i].sampling for i in rows]
+        sizes = [len(b.seen) for b in books]
+        if not sum(sizes):
+            return
+        at = torch.as_tensor(np.concatenate([b.seen + i * vocab for i, b in zip(rows, books)]), device=work.device)
+        flat = work.view(-1)
+        logit = flat[at]
+
+        def per_token(values: list[float]) -> torch.Tensor:
+            return torch.as_tensor(np.repeat(np.asarray(values, dtype=np.float32), sizes), device=work.device).to(work.dtype)
+
+        if any(s.repetition_penalty != 1.0 for s in params):
+            rep = per_token([s.repetition_penalty for s in params])
+            logit = torch.where(logit > 0, logit / rep, logit * rep)
+        if any(s.frequency_penalty != 0.0 or s.presence_penalty != 0.0 for s in params):
+            # Rows without a count row have no frequency or presence penalty: they read row 0, times 0.
+            table = np.concatenate([b.seen + (b.count_row or 0) * vocab for b in books])
+            counts = self.counts.view(-1)[torch.as_tensor(table, device=work.device)].to(work.dtype)
+            freq, pres = per_token([s.frequency_penalty for s in params]), per_token([s.presence_penalty for s in params])
+            logit = logit - freq * counts - pres * (counts > 0).to(work.dtype)
+        flat[at] = logit
+
+    def output_counts(self, state: RequestState) -> torch.Tensor:
+        """The request's output-token counts (int32 [vocab]); zeros when it has no row."""
+        books = state.penalties
+        if books is None or books.count_row is None:
+            return torch.zeros(self.vocab, dtype=torch.int32, device=self.device)
+        return self.counts[books.count_row]
+
+    def _update(self, states: list[RequestState], vocab: int) -> None:
+        if vocab != self.vocab:
+            if self.vocab:
+                raise ValueError(f"vocabulary changed from {self.vocab} to {vocab}")
+            self.vocab = vocab
+            self.counts = torch.zeros(0, vocab, dtype=torch.int32, device=self.device)
+        fresh = [st for st in states if st.penalties is None]
+        if fresh:
+            self._start(fresh)
+        scatter = []
+        for st in states:
+            books = st.penalties
+            known = len(st.token_ids)
+            if books.counted == known:
+                continue
+            new = np.asarray(st.token_ids[books.counted :], dtype=np.int64)
+            outputs = new[max(st.num_prompt_tokens - books.counted, 0) :]
+            books.counted = known
+            unseen = []
+            for t in new[new < vocab].tolist():
+                if t not in books.seen_set:
+                    books.seen_set.add(t)
+                    unseen.append(t)
+            if unseen:
+                books.seen = np.concatenate([books.seen, np.asarray(unseen, dtype=np.int64)])
+            if books.count_row is not None and len(outputs):
+                scatter.append(outputs[outputs < vocab] + books.count_row * vocab)
+        if scatter:
+            at = torch.as_tensor(np.concatenate(scatter), device=self.device)
+            self.counts.view(-1).index_put_((at,), torch.ones(len(at), dtype=torch.int32, device=self.device), accumulate=True)
+
+    def _start(self, states: list[RequestState]) -> None:
+        counted = [st.sampling.frequency_penalty != 0.0 or st.sampling.presence_penalty != 0.0 for st in states]
+        short = sum(counted) - len(self.free)
+        if short > 0:
+            size = self.counts.shape[0]
+            grown = max(size * 2, size + short, 8)
+            self.counts = torch.cat([self.counts, self.counts.new_zeros(grown - size, self.vocab)])
+            self.free.extend(range(grown - 1, size - 1, -1))
+        for st, needs_row in zip(states, counted):
+            row = None
+            if needs_row:
+                row = self.free.pop()
+                self.counts[row].zero_()
+                weakref.finalize(st, self.free.append, row)
+            st.penalties = PenaltyBooks(row, np.zeros(0, np.int64), set())
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.int64, device=device)

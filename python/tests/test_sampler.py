@@ -30,6 +30,12 @@ def probs_logits(*probs) -> torch.Tensor:
     return torch.log(p / p.sum())
 
 
+def penalised(sampler, logits, st) -> torch.Tensor:
+    work = logits[None].clone()
+    sampler.penalty_counts.apply(work, [st])
+    return work[0]
+
+
 def draws(sampler, logits, st, n=300) -> set[int]:
     return {int(sampler.sample(logits[None], [st]).token_ids[0]) for _ in range(n)}
 
@@ -93,7 +99,7 @@ def test_repetition_penalty_covers_prompt_and_output():
     sampler = Sampler(0, torch.device("cpu"))
     logits = torch.tensor([2.0, -1.0, 1.5, 0.5] + [-5.0] * (VOCAB - 4))
     st = state(tokens=[0, 1, 3], prompt=2, repetition_penalty=2.0)
-    got = sampler._apply_penalties(logits.clone(), st)
+    got = penalised(sampler, logits, st)
     # 0 and 1 from the prompt, 3 from the output: positive / 2, negative * 2.
     assert got[:4].tolist() == [1.0, -2.0, 1.5, 0.25]
     assert int(sampler.sample(logits[None], [state(tokens=[0, 1, 3], prompt=2, temperature=0.0, repetition_penalty=2.0)]).token_ids[0]) == 2
@@ -103,13 +109,13 @@ def test_frequency_and_presence_penalties_count_output_only():
     sampler = Sampler(0, torch.device("cpu"))
     logits = torch.zeros(VOCAB)
     st = state(tokens=[4, 5, 5, 5, 6], prompt=2, frequency_penalty=0.5, presence_penalty=1.0)
-    got = sampler._apply_penalties(logits.clone(), st)
+    got = penalised(sampler, logits, st)
     assert got[4] == 0.0  # prompt only
     assert got[5] == pytest.approx(-(0.5 * 2 + 1.0))  # prompt once, output twice
     assert got[6] == pytest.approx(-(0.5 * 1 + 1.0))
     # Counts stay right as the request grows between steps.
     st.token_ids.append(6)
-    assert sampler._apply_penalties(logits.clone(), st)[6] == pytest.approx(-(0.5 * 2 + 1.0))
+    assert penalised(sampler, logits, st)[6] == pytest.approx(-(0.5 * 2 + 1.0))
 
 
 def test_min_tokens_suppresses_until_reached():
