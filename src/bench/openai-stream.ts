@@ -1,9 +1,11 @@
 // One streamed OpenAI request of the load generator: POSTs the body, reads the
-// SSE stream as it arrives and records when each token came. Tokens per chunk
-// come from the chunk's token_ids (servers that return them), else from the
-// growth of a per-chunk usage (continuous_usage_stats), else one per chunk with
-// text; the request's output count is the server's closing usage when it sends
-// one.
+// SSE stream as it arrives and records when tokens came. Tokens per event come
+// from the event's token_ids (servers that return them), else from the growth
+// of a per-event usage (continuous_usage_stats), else one per event with text;
+// events that arrive in the same read of the socket count as one delivery (a
+// server that flushes several tokens at once shows as a gap shared by them,
+// not as zero-length gaps). The request's output count is the server's closing
+// usage when it sends one.
 
 import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from "node:http";
 import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
@@ -25,7 +27,7 @@ export interface RequestOutcome {
   /** Why it failed ("" on success). */
   error: string;
   startMs: number;
-  /** Arrival time of each chunk that carried tokens, and how many it carried. */
+  /** Arrival time of each read of the stream that carried tokens, and how many it carried (all its events). */
   chunkTimesMs: number[];
   chunkTokens: number[];
   /** usage.prompt_tokens / completion_tokens of the closing usage, when the server sent it. */
@@ -218,8 +220,13 @@ class SseReader {
     else if (usageGrowth !== null) tokens = usageGrowth;
     else tokens = text === "" ? 0 : 1;
     if (tokens > 0) {
-      this.outcome.chunkTimesMs.push(atMs);
-      this.outcome.chunkTokens.push(tokens);
+      // Events that arrived in one read are one delivery: their tokens share the gap before it.
+      const last = this.outcome.chunkTimesMs.length - 1;
+      if (last >= 0 && this.outcome.chunkTimesMs[last] === atMs) this.outcome.chunkTokens[last] = (this.outcome.chunkTokens[last] as number) + tokens;
+      else {
+        this.outcome.chunkTimesMs.push(atMs);
+        this.outcome.chunkTokens.push(tokens);
+      }
     }
     return null;
   }
