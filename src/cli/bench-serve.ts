@@ -4,7 +4,7 @@
 // one line and exit 1.
 
 import { existsSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { DATASET_NAMES, type DatasetName } from "../bench/dataset.js";
 import { ENDPOINTS, type Endpoint } from "../bench/openai-stream.js";
@@ -330,7 +330,8 @@ function fail(error: unknown): number {
 }
 
 function save(output: OutputArgs, defaultName: string, body: unknown): void {
-  const path = join(output.resultDir ?? ".", output.resultFilename ?? defaultName);
+  // resolve, not join: an absolute --result-filename stands on its own.
+  const path = resolve(output.resultDir ?? ".", output.resultFilename ?? defaultName);
   try {
     writeFileSync(path, `${JSON.stringify(body, null, 2)}\n`);
   } catch (error) {
