@@ -158,6 +158,8 @@ interface StreamChunk {
 class SseReader {
   private buffer = "";
   private usageSoFar = 0;
+  /** Whether usage came on the stream's first token event (continuous_usage_stats), not only at its close. */
+  private continuousUsage: boolean | null = null;
 
   constructor(
     private readonly endpoint: Endpoint,
@@ -203,15 +205,17 @@ class SseReader {
     }
     if (chunk.error !== undefined) return `the server reported an error mid-stream: ${JSON.stringify(chunk.error).slice(0, 300)}`;
     let usageGrowth: number | null = null;
+    const choice = chunk.choices?.[0];
     if (chunk.usage) {
       if (typeof chunk.usage.prompt_tokens === "number") this.outcome.usagePromptTokens = chunk.usage.prompt_tokens;
       if (typeof chunk.usage.completion_tokens === "number") {
-        usageGrowth = chunk.usage.completion_tokens - this.usageSoFar;
+        // A usage first seen after tokens arrived is the closing total (transformers puts it on the last choice), not per-chunk growth.
+        this.continuousUsage ??= this.outcome.chunkTimesMs.length === 0 && choice !== undefined;
+        if (this.continuousUsage) usageGrowth = chunk.usage.completion_tokens - this.usageSoFar;
         this.usageSoFar = chunk.usage.completion_tokens;
         this.outcome.usageOutputTokens = chunk.usage.completion_tokens;
       }
     }
-    const choice = chunk.choices?.[0];
     if (choice === undefined) return null;
     const text = (this.endpoint === "/v1/completions" ? choice.text : (choice.delta?.content ?? choice.delta?.reasoning_content)) ?? "";
     this.outcome.generatedText += text;
