@@ -90,7 +90,12 @@ export function ensurePeerRequirements(peer: PeerSpec, python: string, log: (lin
 export async function runCompare(options: CompareOptions, log: (line: string) => void): Promise<CompareResult> {
   const modelDir = resolve(options.modelDir);
   if (!existsSync(join(modelDir, "config.json"))) throw new BenchError(`${modelDir} is not a model directory (no config.json)`);
-  const python = resolvePythonEnv().python;
+  let python: string;
+  try {
+    python = resolvePythonEnv().python;
+  } catch (error) {
+    throw new BenchError((error as Error).message);
+  }
   ensurePeerRequirements(options.peer, python, log);
   const cli = join(options.repoRoot, "bin", "baton.mjs");
   const servers: { name: string; spec: (port: number) => ServerSpec; model: string | null }[] = [
