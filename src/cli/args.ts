@@ -217,7 +217,9 @@ export const MAIN_HELP = `Usage: baton <command> [options]
 Commands:
   serve [model-dir]   serve a Hugging Face model directory with an OpenAI-compatible API
                       (no directory: the bundled demo model in models/demo)
-  bench overhead      measure the control plane's per-step cost (baton bench --help)
+  bench serve         load an OpenAI-compatible server, vLLM's metrics (baton bench --help)
+  bench compare       the same workload against Baton and a peer server
+  bench overhead      measure the control plane's per-step cost
 
 Options:
   -h, --help          show this help (baton serve --help lists the serve flags)

@@ -1,13 +1,28 @@
-// `baton bench overhead [model-dir] [--batch-sizes 1,16,64,256,1024] [--steps N] [--json] [--compare-async]`:
-// the control plane's per-step cost with the model taken out (src/bench/overhead.ts).
+// `baton bench <serve|compare|overhead>`: the load generator against any
+// OpenAI-compatible server, Baton against a peer server, and the control
+// plane's per-step cost with the model taken out (src/bench/overhead.ts).
+// serve and compare live in bench-serve.ts.
 
 import { existsSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { MAIN_PHASES, THREAD_PHASES, runCompare, runOverhead, type BatchResult, type CompareResult } from "../bench/overhead.js";
 import { UsageError } from "./args.js";
+import { COMPARE_HELP, parseCompareArgs, parseServeBenchArgs, runCompareCommand, runServeCommand, SERVE_BENCH_HELP, type CompareArgs, type ServeBenchArgs } from "./bench-serve.js";
 
-export const BENCH_HELP = `Usage: baton bench overhead [model-dir] [options]
+export const BENCH_HELP = `Usage: baton bench <benchmark> [options]
+
+Benchmarks:
+  serve      load an OpenAI-compatible server (Baton or any other) with
+             streamed requests and report vLLM's serving metrics
+  compare    run the same workload against Baton and a peer server
+             (e.g. transformers serve) started one after the other
+  overhead   the control plane's per-step cost with the model taken out
+
+Run 'baton bench <benchmark> --help' for its options.
+`;
+
+export const OVERHEAD_HELP = `Usage: baton bench overhead [model-dir] [options]
 
 Runs B concurrent streaming /v1/completions requests (ignore_eos, long
 max_tokens) through the real HTTP server and engine core against a Python
@@ -33,7 +48,8 @@ Options:
   -h, --help             show this help
 `;
 
-export interface BenchArgs {
+export interface OverheadArgs {
+  kind: "overhead";
   help: boolean;
   modelDir: string | null;
   batchSizes: number[];
@@ -51,12 +67,32 @@ function positiveInt(text: string, flag: string): number {
   return n;
 }
 
+export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs;
+
 export function parseBenchArgs(args: readonly string[]): BenchArgs {
   const [sub, ...rest] = args;
-  if (sub === undefined || sub === "--help" || sub === "-h") {
-    return { help: true, modelDir: null, batchSizes: [], steps: 0, warmup: 0, json: false, engineThread: true, loadFormat: "dummy-null", compare: null };
+  if (sub === undefined || sub === "--help" || sub === "-h") return { kind: "list", help: true };
+  if (sub === "serve") return parseServeBenchArgs(rest);
+  if (sub === "compare") return parseCompareArgs(rest);
+  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead)`);
+  return parseOverheadArgs(rest);
+}
+
+/** The help text for what was asked. */
+export function benchHelp(args: BenchArgs): string {
+  switch (args.kind) {
+    case "list":
+      return BENCH_HELP;
+    case "overhead":
+      return OVERHEAD_HELP;
+    case "serve":
+      return SERVE_BENCH_HELP;
+    case "compare":
+      return COMPARE_HELP;
   }
-  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: overhead)`);
+}
+
+function parseOverheadArgs(rest: readonly string[]): OverheadArgs {
   let parsed;
   try {
     parsed = parseArgs({
@@ -90,6 +126,7 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
   if (loadFormat !== "dummy-null" && loadFormat !== "auto") throw new UsageError(`invalid value '${loadFormat}' for --load-format: expected dummy-null or auto`);
   if (values["engine-thread"] === true && values["no-engine-thread"] === true) throw new UsageError("--engine-thread and --no-engine-thread contradict each other");
   return {
+    kind: "overhead",
     help: values.help === true,
     modelDir: positionals[0] ?? null,
     batchSizes,
@@ -154,6 +191,20 @@ function compareText(results: CompareResult[]): string {
 }
 
 export async function runBench(args: BenchArgs, repoRoot: string): Promise<number> {
+  switch (args.kind) {
+    case "list":
+      process.stdout.write(BENCH_HELP);
+      return 0;
+    case "serve":
+      return runServeCommand(args);
+    case "compare":
+      return runCompareCommand(args, repoRoot);
+    case "overhead":
+      return runOverheadCommand(args, repoRoot);
+  }
+}
+
+async function runOverheadCommand(args: OverheadArgs, repoRoot: string): Promise<number> {
   const modelDir = args.modelDir ?? join(repoRoot, "models", "demo");
   if (!existsSync(join(modelDir, "tokenizer.json"))) {
     process.stderr.write(`baton: ${join(modelDir, "tokenizer.json")} is missing (run npm run setup for the demo model)\n`);

@@ -45,16 +45,21 @@ export async function main(argv: readonly string[]): Promise<number> {
   }
   if (command === "bench") {
     // Loaded only for bench: it pulls in the server, the engine and the worker supervisor.
-    const { parseBenchArgs, runBench, BENCH_HELP } = await import("./bench.js");
+    const { parseBenchArgs, runBench, benchHelp } = await import("./bench.js");
     let args;
     try {
       args = parseBenchArgs(rest);
     } catch (error) {
-      if (error instanceof UsageError) return usageError(error.message, "baton bench --help");
+      if (error instanceof UsageError) {
+        // One line: load generators are scripted, and their logs are grepped.
+        const sub = ["serve", "compare", "overhead"].includes(rest[0] ?? "") ? `${rest[0]} ` : "";
+        process.stderr.write(`baton: ${error.message} (see baton bench ${sub}--help)\n`);
+        return 2;
+      }
       throw error;
     }
     if (args.help) {
-      process.stdout.write(BENCH_HELP);
+      process.stdout.write(benchHelp(args));
       return 0;
     }
     return runBench(args, root);
