@@ -85,18 +85,18 @@ def serve(channel: Channel, runner) -> int:
 
 
 def set_cpu_threads() -> int:
-    """torch's intra-op threads: one core fewer than the process may use, so
-    that Node (event loop and engine thread, which prepares step N+1 while N
-    runs) keeps a core; OMP_NUM_THREADS, when set, wins.
+    """torch's intra-op threads: every core the process may use; OMP_NUM_THREADS, when set, wins.
 
-    Measured on the demo model, decode step at B=32, 2 shared cores
-    (bench/worker_step.py --batch 32 --threads 1 2, two runs): 1 thread
-    128.5 / 73.4 ms per step, 2 threads 255.3 / 534.0 ms. With a core taken
-    by anything else, every parallel region waits for its slowest thread, so
-    all cores is the worst choice exactly when the engine is busy."""
+    Measured end to end on the issue-9 workload (bench compare, 19.7M Llama,
+    128 requests at c=32, 2 cores, quiet machine, same session): output tok/s
+    819 / 718 (T=0 / T=1) with 1 thread against 1003 / 1055 with 2. Node's
+    share of the cores at that load is small, so holding a core back for it
+    costs more than it saves. Under heavy outside load (other processes on
+    the cores) 1 thread measured faster per step; set OMP_NUM_THREADS=1 there.
+    """
     if "OMP_NUM_THREADS" not in os.environ:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores - 1))
+        torch.set_num_threads(max(1, cores))
     return torch.get_num_threads()
 
 
