@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from .random_weights import DecoderShape, random_decoder_weights, write_if_changed
+
 SEED = 20240607
 VOCAB = 151936
 HIDDEN = 128
@@ -59,40 +61,9 @@ GENERATION_CONFIG = {"bos_token_id": 151643, "eos_token_id": [151645, 151643], "
 
 
 def build_weights() -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(SEED)
-
-    def proj(out_features: int, in_features: int) -> torch.Tensor:
-        return torch.randn(out_features, in_features, generator=g) * (GAIN / in_features**0.5)
-
-    def norm(size: int) -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(size, generator=g)
-
-    weights = {"model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=g)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        weights |= {
-            p + "input_layernorm.weight": norm(HIDDEN),
-            p + "self_attn.q_proj.weight": proj(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": proj(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": proj(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": proj(HIDDEN, HEADS * HEAD_DIM),
-            p + "self_attn.q_norm.weight": norm(HEAD_DIM),
-            p + "self_attn.k_norm.weight": norm(HEAD_DIM),
-            p + "post_attention_layernorm.weight": norm(HIDDEN),
-            p + "mlp.gate_proj.weight": proj(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": proj(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": proj(HIDDEN, INTERMEDIATE),
-        }
-    weights["model.norm.weight"] = norm(HIDDEN)
+    shape = DecoderShape(VOCAB, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, qk_norm=True)
+    weights = random_decoder_weights(shape, torch.Generator().manual_seed(SEED), GAIN)
     return {name: t.contiguous() for name, t in weights.items()}
-
-
-def _write_if_changed(path: Path, data: bytes) -> None:
-    if path.exists() and path.read_bytes() == data:
-        return
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def _json_bytes(value: dict) -> bytes:
@@ -101,8 +72,8 @@ def _json_bytes(value: dict) -> bytes:
 
 def build(out: Path, tokenizer_dir: Path | None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    _write_if_changed(out / "config.json", _json_bytes(CONFIG))
-    _write_if_changed(out / "generation_config.json", _json_bytes(GENERATION_CONFIG))
+    write_if_changed(out / "config.json", _json_bytes(CONFIG))
+    write_if_changed(out / "generation_config.json", _json_bytes(GENERATION_CONFIG))
     weights_path = out / "model.safetensors"
     stamp = out / ".baton-demo-seed"
     stamp_text = f"{SEED}/{VOCAB}/{HIDDEN}/{LAYERS}/{GAIN}\n"
@@ -115,7 +86,7 @@ def build(out: Path, tokenizer_dir: Path | None) -> Path:
         stamp.write_text(stamp_text)
     if tokenizer_dir is not None:
         for name in ("tokenizer.json", "tokenizer_config.json"):
-            _write_if_changed(out / name, (tokenizer_dir / name).read_bytes())
+            write_if_changed(out / name, (tokenizer_dir / name).read_bytes())
     return out
 
 

@@ -17,13 +17,7 @@ TEXT = "Hello from Baton."
 STOPPING_SEED = 2  # with TEXT and "nova", seeded T=1 sampling ends by end-of-audio after 71 tokens
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """These tensors are tiny: one thread is fastest, and far faster on a busy machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

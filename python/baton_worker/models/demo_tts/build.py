@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from ...random_weights import DecoderShape, random_decoder_weights, write_if_changed
 from .codec import random_codec_weights
 from .spec import DemoTTSSpec
 from .text import tokenizer_config, tokenizer_json
@@ -85,28 +86,7 @@ def generation_config(spec: DemoTTSSpec) -> dict:
 def llm_weights(spec: DemoTTSSpec) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(LLM_SEED)
     vocab = spec.tokens.vocab_size
-
-    def proj(out_features: int, in_features: int) -> torch.Tensor:
-        return torch.randn(out_features, in_features, generator=g) * (GAIN / in_features**0.5)
-
-    def norm(size: int) -> torch.Tensor:
-        return 1.0 + 0.1 * torch.randn(size, generator=g)
-
-    weights = {"model.embed_tokens.weight": torch.randn(vocab, HIDDEN, generator=g)}
-    for i in range(LAYERS):
-        p = f"model.layers.{i}."
-        weights |= {
-            p + "input_layernorm.weight": norm(HIDDEN),
-            p + "self_attn.q_proj.weight": proj(HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": proj(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": proj(KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": proj(HIDDEN, HEADS * HEAD_DIM),
-            p + "post_attention_layernorm.weight": norm(HIDDEN),
-            p + "mlp.gate_proj.weight": proj(INTERMEDIATE, HIDDEN),
-            p + "mlp.up_proj.weight": proj(INTERMEDIATE, HIDDEN),
-            p + "mlp.down_proj.weight": proj(HIDDEN, INTERMEDIATE),
-        }
-    weights["model.norm.weight"] = norm(HIDDEN)
+    weights = random_decoder_weights(DecoderShape(vocab, HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE), g, GAIN)
     head = torch.randn(vocab, HIDDEN, generator=g) * (AUDIO_LOGIT_STD / HIDDEN**0.5)
     head[: spec.tokens.audio_offset] *= OTHER_LOGIT_SCALE
     head[spec.tokens.end_of_audio] *= EOA_LOGIT_SCALE / OTHER_LOGIT_SCALE
@@ -116,15 +96,6 @@ def llm_weights(spec: DemoTTSSpec) -> dict[str, torch.Tensor]:
 
 def _json_bytes(value: dict) -> bytes:
     return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-
-
-def _write_if_changed(path: Path, data: bytes) -> None:
-    if path.exists() and path.read_bytes() == data:
-        return
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(0o644)
-    tmp.replace(path)
 
 
 def build(out: Path, spec: DemoTTSSpec | None = None) -> Path:
@@ -143,7 +114,7 @@ def build(out: Path, spec: DemoTTSSpec | None = None) -> Path:
         llm / "tokenizer_config.json": _json_bytes(tokenizer_config(MAX_POSITIONS)),
     }
     for path, data in files.items():
-        _write_if_changed(path, data)
+        write_if_changed(path, data)
     return out
 
 
