@@ -49,8 +49,15 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     new_block_counts: newBlockCounts,
     new_block_ids: newBlockIds,
     sample,
+    // Graph work (prompts, stateless passes, releases) is attached by the worker lane that sends the step.
+    prompts: [],
+    batches: [],
+    releases: NO_IDS,
+    finished_requests: [],
   };
 }
+
+const NO_IDS = new Int32Array(0);
 
 /** Everything the worker keeps for a request; a resumed request brings its outputs so far. */
 function addedRequest(request: Request): AddedRequest {

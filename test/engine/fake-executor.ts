@@ -156,6 +156,8 @@ export class FakeExecutor implements StepExecutor {
     return {
       kind: "StepResult",
       step_id: step.step_id,
+      prompt_results: [],
+      pass_results: [],
       req_ids: Int32Array.from(reqIds),
       token_ids: Int32Array.from(tokenIds),
       logprobs: null,

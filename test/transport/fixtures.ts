@@ -87,6 +87,10 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     new_block_counts: Int32Array.from([1, 1]),
     new_block_ids: Int32Array.from([4, 5]),
     sample: Uint8Array.from([1, 1]),
+    prompts: [],
+    batches: [],
+    releases: new Int32Array(0),
+    finished_requests: [],
     ...overrides,
   };
 }
@@ -102,6 +106,8 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     top_ids: Int32Array.from([99, 3]),
     top_logprobs: Float32Array.from([-1.5, -2.25]),
     timings: { prepare_ms: 0.2, forward_ms: 4.5, sample_ms: 1 },
+    prompt_results: [],
+    pass_results: [],
     ...overrides,
   };
 }
