@@ -40,6 +40,8 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   args.push("--dtype", opts.dtype, "--device", opts.device, "--seed", String(opts.seed));
   if (opts.loadFormat !== undefined) args.push("--load-format", opts.loadFormat);
   if (opts.onLoadProgress !== undefined) args.push("--progress");
+  if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
+  if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   return args;
 }
 
