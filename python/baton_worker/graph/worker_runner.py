@@ -233,9 +233,7 @@ class GraphStepRunner:
 
 
 def _as_kwargs(value: Any, field: str) -> dict[str, Any]:
-    """A request's keyword arguments from the wire: a map with str keys; nil means none."""
-    if value is None:
-        return {}
+    """A request's keyword arguments from the wire (an `any` field): a map; its keys are str on the wire."""
     if not isinstance(value, Mapping):
         raise TypeError(f"{field} must be a map, got {type(value).__name__}")
     return dict(value)
