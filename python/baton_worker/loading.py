@@ -211,7 +211,7 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
     graph_class = graph_model_class(architecture)
 
     if graph_class is None:
-        hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)")
+        hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)" if architecture else "a plain LLM")
         decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights)
         model: GraphModel = LLMGraphModel(decoder.max_model_len)
         graph = export_graph(model)
@@ -231,7 +231,7 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
 
     stateless = [n for n in hosted if n != kv_node]
     nodes = NodeRunner(model, device, stateless, TensorStore())
-    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node if decoder else None, opts.rank)
+    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node, opts.rank)
     if decoder is not None:
         sizes = (decoder.num_blocks, decoder.max_model_len, decoder.config.vocab_size, decoder.dtype)
     else:
