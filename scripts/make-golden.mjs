@@ -21,7 +21,8 @@ const LLM_GRAPH = {
     {
       "name": "llm",
       "engine": "kv_cache",
-      "overlap": true
+      "overlap": true,
+      "stop_token_ids": []
     }
   ],
   "sections": [
