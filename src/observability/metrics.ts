@@ -2,7 +2,8 @@
 // own. Engine gauges are read from EngineCore.stats at scrape time; per-step
 // phase timings come from the engine's timing ring (the steps recorded since
 // the last scrape); per-request latencies come from a RequestRecorder that the
-// frontend's generation path feeds.
+// frontend's generation path feeds, and also go to `live` (the last minute of
+// exact samples and token totals, which the dashboard reads).
 //
 // Counters are exposed the way Python's prometheus_client exposes vLLM's:
 // with a `_total` suffix (vllm:prompt_tokens_total, vllm:prefix_cache_queries_total, ...).
