@@ -11,6 +11,7 @@ import { ModelDirError, readModelDir, type ModelDirInfo } from "../config/model-
 import { startServingEngine } from "../engine-host/start.js";
 import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
+import { DashboardFeed } from "../frontend/dashboard/snapshot.js";
 import { serviceUnavailable } from "../frontend/openai-error.js";
 import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
@@ -171,6 +172,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   }
 
   const ready = engine.ready;
+  const metrics = new BatonMetrics({ modelName: name, engine });
   server = buildServer({
     engine,
     tokenizer,
@@ -181,12 +183,13 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     vocabSize: ready.vocab_size,
     onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`, "error"),
     apiKey: options.apiKey,
-    metrics: new BatonMetrics({ modelName: name, engine }),
+    metrics,
     logger,
     maxNumQueuedRequests: options.maxNumQueuedRequests,
     bodyLimitBytes: options.maxRequestBodyBytes,
     schedulingPolicy: options.schedulingPolicy,
     numWaiting: () => liveEngine.stats.numWaiting,
+    dashboard: new DashboardFeed({ modelName: name, engine, requests: metrics.live }),
   });
   const liveServer = server;
   const liveEngine = engine;
@@ -226,6 +229,7 @@ function servedBanner(options: ServeOptions): string {
     "           POST /generate, POST /tokenize, POST /detokenize, GET /version",
     "  health:  GET /health (no key needed)",
     "  metrics: GET /metrics (Prometheus, vLLM names)",
+    `  dashboard: GET / (live view and playground${options.apiKey === null ? "" : "; its data needs the key"})`,
     `  auth:    ${options.apiKey === null ? "off (no --api-key)" : "on (Authorization: Bearer <key>)"}`,
     `  queue:   429 beyond ${options.maxNumQueuedRequests} waiting requests`,
     "",

@@ -18,6 +18,8 @@ import { apiKeyHook } from "./auth.js";
 import type { Logger } from "../observability/logger.js";
 import type { BatonMetrics } from "../observability/metrics.js";
 import { observeEngine } from "../observability/observed-engine.js";
+import { registerDashboard } from "./dashboard/routes.js";
+import type { DashboardSource } from "./dashboard/snapshot.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
@@ -44,6 +46,8 @@ export interface ServerOptions {
   schedulingPolicy?: "fcfs" | "priority";
   /** The engine's waiting-queue length (for the bound); default 0. */
   numWaiting?: () => number;
+  /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
+  dashboard?: DashboardSource | null;
 }
 
 export interface BatonServer {
@@ -155,6 +159,7 @@ export function buildServer(options: ServerOptions): BatonServer {
   app.post("/detokenize", (request) => handleDetokenize(ctx, request));
   app.get("/version", async () => ({ version: batonVersion() }));
   app.post("/generate", (request, reply) => handleGenerate(ctx, request, reply));
+  if (options.dashboard) registerDashboard(app, options.dashboard, { apiKeyRequired: Boolean(options.apiKey) });
 
   return {
     app,

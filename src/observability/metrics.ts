@@ -2,7 +2,8 @@
 // own. Engine gauges are read from EngineCore.stats at scrape time; per-step
 // phase timings come from the engine's timing ring (the steps recorded since
 // the last scrape); per-request latencies come from a RequestRecorder that the
-// frontend's generation path feeds.
+// frontend's generation path feeds, and also go to `live` (the last minute of
+// exact samples and token totals, which the dashboard reads).
 //
 // Counters are exposed the way Python's prometheus_client exposes vLLM's:
 // with a `_total` suffix (vllm:prompt_tokens_total, vllm:prefix_cache_queries_total, ...).
@@ -10,6 +11,7 @@
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
+import { LiveRequestStats } from "./live-stats.js";
 
 /** What the metrics read from the engine at scrape time (EngineCore satisfies it). */
 export interface EngineStatsSource {
@@ -48,6 +50,8 @@ export interface MetricsOptions {
 
 export class BatonMetrics implements RequestRecorder {
   readonly registry = new Registry();
+  /** The same observations as the histograms, as recent exact samples (the dashboard). */
+  readonly live = new LiveRequestStats();
   private readonly ttft;
   private readonly itl;
   private readonly e2e;
@@ -180,18 +184,22 @@ export class BatonMetrics implements RequestRecorder {
           this.ttft.observe((nowMs - arrivalMs) / 1000);
           this.queueTime.observe((nowMs - arrivalMs) / 1000);
           this.promptTokens.inc(promptTokens);
+          this.live.firstToken(promptTokens, nowMs - arrivalMs, nowMs);
         } else {
           // Several tokens in one output share the gap.
           const gap = (nowMs - lastMs) / 1000 / count;
           for (let i = 0; i < count; i++) this.itl.observe(gap);
+          this.live.interTokenGaps(gap * 1000, count, nowMs);
         }
         lastMs = nowMs;
         this.generationTokens.inc(count);
+        this.live.generated(count);
       },
       finish: (reason, nowMs) => {
         if (done) return;
         done = true;
         this.e2e.observe((nowMs - arrivalMs) / 1000);
+        this.live.finished(nowMs - arrivalMs, nowMs);
         this.success.inc({ model_name: this.modelName, finished_reason: reason });
       },
     };
