@@ -40,7 +40,7 @@ import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
-import { readModelDir } from "../config/model-dir.js";
+import { readModelDir, requireTokenizer } from "../config/model-dir.js";
 import type { EngineStats } from "../engine/engine-core.js";
 import { EngineThread } from "../engine-host/engine-thread.js";
 import { InProcessEngine } from "../engine-host/in-process.js";
@@ -365,7 +365,7 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
   const maxB = Math.max(...options.batchSizes);
   const threaded = options.engineThread ?? true;
   const info = readModelDir(options.modelDir);
-  const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
+  const tokenizer = TextTokenizer.fromFile(requireTokenizer(info), { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
   const workerOptions: WorkerOptions = {
     modelDir: info.dir,
     blockSize: BLOCK_SIZE,

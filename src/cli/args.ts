@@ -46,6 +46,8 @@ export interface ServeOptions {
   maxNumQueuedRequests: number;
   /** Larger request bodies get 413. */
   maxRequestBodyBytes: number;
+  /** --deployment FILE.yaml (M*'s format): which worker rank runs which graph nodes. */
+  deployment: string | null;
 }
 
 export const SERVE_DEFAULTS = {
@@ -64,6 +66,7 @@ export const SERVE_DEFAULTS = {
 
 const SERVE_FLAGS = {
   host: { type: "string" },
+  deployment: { type: "string" },
   port: { type: "string" },
   "served-model-name": { type: "string" },
   "max-model-len": { type: "string" },
@@ -208,6 +211,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       logLevel: choice(values["log-level"], "log-level", LOG_LEVELS, SERVE_DEFAULTS.logLevel),
       maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
       maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
+      deployment: values.deployment ?? null,
     },
   };
 }

@@ -7,7 +7,8 @@ import { existsSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { join } from "node:path";
-import { ModelDirError, readModelDir, type ModelDirInfo } from "../config/model-dir.js";
+import { DeploymentError, readDeployment, type Deployment } from "../config/deployment.js";
+import { ModelDirError, readModelDir, requireTokenizer, type ModelDirInfo } from "../config/model-dir.js";
 import { startServingEngine } from "../engine-host/start.js";
 import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
@@ -93,8 +94,17 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     if (error instanceof ModelDirError) throw new ServeError(error.message);
     throw error;
   }
-  const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
-  const chatTemplate = loadChatTemplate(info);
+  // A model without a tokenizer serves only its graph's own outputs (checked against the graph once it is known).
+  const tokenizer =
+    info.tokenizerPath === null ? null : TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
+  const chatTemplate = tokenizer === null ? null : loadChatTemplate(info);
+  let deployment: Deployment | null = null;
+  try {
+    deployment = options.deployment === null ? null : readDeployment(options.deployment);
+  } catch (error) {
+    if (error instanceof DeploymentError) throw new ServeError(error.message);
+    throw error;
+  }
 
   let stopping = false;
   let engine: ServingEngine | null = null;
@@ -154,6 +164,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         asyncScheduling: options.asyncScheduling,
       },
       engineThread: options.engineThread,
+      deployment,
       signal: starting.signal,
     });
     progressBar?.finish();
@@ -163,7 +174,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
     if (error instanceof WorkerStartError) throw new ServeError(`worker failed to start: ${error.message}`);
-    if (error instanceof EngineStartError) throw new ServeError(error.message);
+    if (error instanceof EngineStartError || error instanceof DeploymentError) throw new ServeError(error.message);
     throw error;
   }
   if (stopping) {
@@ -172,14 +183,23 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   }
 
   const ready = engine.ready;
-  const metrics = new BatonMetrics({ modelName: name, engine });
+  const outputModalities = [...new Set(engine.graph.clientOutputs.map((c) => c.modality))];
+  if (tokenizer === null && outputModalities.includes("text")) {
+    await engine.close().catch(() => {});
+    try {
+      requireTokenizer(info);
+    } catch (error) {
+      throw new ServeError((error as Error).message);
+    }
+  }
+  const metrics = new BatonMetrics({ modelName: name, engine, nodes: engine });
   server = buildServer({
     engine,
     tokenizer,
     chatTemplate,
     servedModelName: name,
     maxModelLen: ready.max_model_len,
-    eosTokenIds: eosIds(info, tokenizer),
+    eosTokenIds: tokenizer === null ? [] : eosIds(info, tokenizer),
     vocabSize: ready.vocab_size,
     onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`, "error"),
     apiKey: options.apiKey,
@@ -189,7 +209,19 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     bodyLimitBytes: options.maxRequestBodyBytes,
     schedulingPolicy: options.schedulingPolicy,
     numWaiting: () => liveEngine.stats.numWaiting,
-    dashboard: new DashboardFeed({ modelName: name, engine, requests: metrics.live }),
+    dashboard: new DashboardFeed({
+      modelName: name,
+      engine,
+      requests: metrics.live,
+      nodes: () => liveEngine.nodeStats(),
+    }),
+    graph: outputModalities.some((m) => m !== "text")
+      ? {
+          engine,
+          outputModalities,
+          onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
+        }
+      : null,
   });
   const liveServer = server;
   const liveEngine = engine;

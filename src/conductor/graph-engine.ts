@@ -58,6 +58,8 @@ export interface NodeStats {
   node: string;
   /** Passes ready and waiting for a step (stateless), or requests waiting (kv_cache). */
   queueDepth: number;
+  /** The last batch's round trip (stateless nodes; 0 before the first and for kv_cache nodes). */
+  stepSeconds: number;
 }
 
 export interface NodeStepSample {
@@ -120,6 +122,7 @@ export class GraphEngine implements LaneListener {
   private readonly deferred: (() => void)[] = [];
   private readonly touched = new Set<LiveRequest>();
   private readonly stepSamples: NodeStepSample[] = [];
+  private readonly lastStepSeconds = new Map<string, number>();
   private closed = false;
   private readonly onQuietChange: () => void;
 
@@ -190,6 +193,7 @@ export class GraphEngine implements LaneListener {
     return this.graph.nodes.map((node) => ({
       node: node.name,
       queueDepth: node.engine === "kv_cache" ? (this.cores[node.id]?.stats.numWaiting ?? 0) : (queued.get(node.name) ?? 0),
+      stepSeconds: this.lastStepSeconds.get(node.name) ?? 0,
     }));
   }
 
@@ -440,7 +444,10 @@ export class GraphEngine implements LaneListener {
   // ------------------------------------------------------------ worker results
 
   stepDone(lane: WorkerLane, work: AttachedWork, result: StepResultMessage, roundTripMs: number): void {
-    for (const b of work.batches) this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000 });
+    for (const b of work.batches) {
+      this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000 });
+      this.lastStepSeconds.set(b.node, roundTripMs / 1000);
+    }
     if (this.stepSamples.length > 4096) this.stepSamples.splice(0, this.stepSamples.length - 4096);
     const prompts = new Map(result.prompt_results.map((r) => [r.request_id, r]));
     const passes = new Map(result.pass_results.map((r) => [r.pass_id, r]));

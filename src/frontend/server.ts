@@ -18,12 +18,15 @@ import { apiKeyHook } from "./auth.js";
 import type { Logger } from "../observability/logger.js";
 import type { BatonMetrics } from "../observability/metrics.js";
 import { observeEngine } from "../observability/observed-engine.js";
+import multipart from "@fastify/multipart";
 import { registerDashboard } from "./dashboard/routes.js";
+import { handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
-  tokenizer: TextTokenizer;
+  /** null for a model without text output (a speech model): the text endpoints answer 400 saying so. */
+  tokenizer: TextTokenizer | null;
   chatTemplate: ChatTemplate | null;
   servedModelName: string;
   maxModelLen: number;
@@ -46,6 +49,8 @@ export interface ServerOptions {
   schedulingPolicy?: "fcfs" | "priority";
   /** The engine's waiting-queue length (for the bound); default 0. */
   numWaiting?: () => number;
+  /** A graph of models with non-text outputs: /v1/audio/speech and multipart /generate. */
+  graph?: Omit<GraphEndpointsOptions, "unavailableReason"> | null;
   /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
   dashboard?: DashboardSource | null;
 }
@@ -79,11 +84,15 @@ export function buildServer(options: ServerOptions): BatonServer {
     unavailableReason: () => unavailable,
     onReject: (reason) => metrics?.reject(reason),
   });
-  const ctx: FrontendContext = {
+  const tokenizer = options.tokenizer;
+  const ctx: FrontendContext | null =
+    tokenizer === null
+      ? null
+      : {
     engine: observeEngine(options.engine, { recorder: metrics, logger: options.logger ?? null, onSubmit: () => admission.releaseCurrent() }),
-    tokenizer: options.tokenizer,
-    detokenizer: new DetokenizerBatcher(options.tokenizer),
-    tokenStrings: new TokenStrings(options.tokenizer),
+    tokenizer,
+    detokenizer: new DetokenizerBatcher(tokenizer),
+    tokenStrings: new TokenStrings(tokenizer),
     chatTemplate: options.chatTemplate,
     servedModelName: options.servedModelName,
     limits: { maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds, schedulingPolicy: options.schedulingPolicy ?? "fcfs" },
@@ -153,12 +162,30 @@ export function buildServer(options: ServerOptions): BatonServer {
   });
   app.get("/v1/models", async () => listModels(card));
   app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
-  app.post("/v1/completions", (request, reply) => handleCompletion(ctx, request, reply));
-  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(ctx, request, reply));
-  app.post("/tokenize", (request) => handleTokenize(ctx, request));
-  app.post("/detokenize", (request) => handleDetokenize(ctx, request));
+  const graph: GraphEndpointsOptions | null = options.graph ? { ...options.graph, unavailableReason: () => unavailable } : null;
+  // A model without text output (a speech model) answers the text endpoints with a 400 saying why.
+  const textContext = (): FrontendContext => {
+    if (ctx !== null) return ctx;
+    const produces = graph?.outputModalities.join(", ") || "no text";
+    throw badRequest(`model ${options.servedModelName} does not produce text (it produces ${produces}); use /v1/audio/speech or the multipart form of /generate`);
+  };
+  app.post("/v1/completions", (request, reply) => handleCompletion(textContext(), request, reply));
+  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(textContext(), request, reply));
+  app.post("/tokenize", (request) => handleTokenize(textContext(), request));
+  app.post("/detokenize", (request) => handleDetokenize(textContext(), request));
   app.get("/version", async () => ({ version: batonVersion() }));
-  app.post("/generate", (request, reply) => handleGenerate(ctx, request, reply));
+  void app.register(multipart, { limits: { fileSize: 64 * 1024 * 1024, files: 16, fields: 16 } });
+  app.post("/generate", (request, reply) => {
+    if (request.isMultipart()) {
+      if (graph === null) throw badRequest("this model takes the JSON form of /generate (prompt_token_ids, prompt); the multipart form is for graph models");
+      return handleMultipartGenerate(graph, request, reply);
+    }
+    return handleGenerate(textContext(), request, reply);
+  });
+  app.post("/v1/audio/speech", (request, reply) => {
+    if (graph === null) throw badRequest(`model ${options.servedModelName} does not produce audio; /v1/audio/speech needs a speech model`);
+    return handleSpeech(graph, request, reply);
+  });
   if (options.dashboard) registerDashboard(app, options.dashboard, { apiKeyRequired: Boolean(options.apiKey) });
 
   return {

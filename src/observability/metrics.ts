@@ -43,9 +43,18 @@ const STEP_PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
 
 const PHASES = ["schedule", "build", "worker", "process"] as const;
 
+/** A graph of models' per-node numbers (ServingEngine satisfies it). */
+export interface NodeStatsSource {
+  nodeStats(): readonly { node: string; queueDepth: number }[];
+  /** Stateless batches' round trips since the last call. */
+  takeNodeSteps(): readonly { node: string; seconds: number }[];
+}
+
 export interface MetricsOptions {
   modelName: string;
   engine: EngineStatsSource;
+  /** Per-node queue depth and step time; absent: no node metrics. */
+  nodes?: NodeStatsSource;
 }
 
 export class BatonMetrics implements RequestRecorder {
@@ -158,6 +167,43 @@ export class BatonMetrics implements RequestRecorder {
     });
     for (const phase of PHASES) this.stepPhase.zero({ ...model, phase });
     this.phaseChildren = PHASES.map((phase) => this.stepPhase.labels({ ...model, phase }));
+
+    this.firstAudio = new Histogram({
+      name: "baton:time_to_first_audio_seconds",
+      help: "Time from a speech request's arrival to its first audio bytes.",
+      labelNames,
+      buckets: TTFT_BUCKETS,
+      registers,
+    }).labels(model);
+    const nodes = options.nodes;
+    if (nodes !== undefined) {
+      const nodeStep = new Histogram({
+        name: "baton:node_step_seconds",
+        help: "Round trip of one batch of a stateless graph node (the worker step that ran it), by node.",
+        labelNames: ["model_name", "node"] as const,
+        buckets: STEP_PHASE_BUCKETS,
+        registers,
+        collect() {
+          for (const s of nodes.takeNodeSteps()) nodeStep.observe({ ...model, node: s.node }, s.seconds);
+        },
+      });
+      const queue = new Gauge({
+        name: "baton:node_queue_depth",
+        help: "Passes of a graph node waiting for a step (kv_cache nodes: requests waiting to be scheduled).",
+        labelNames: ["model_name", "node"] as const,
+        registers,
+        collect() {
+          for (const n of nodes.nodeStats()) queue.set({ ...model, node: n.node }, n.queueDepth);
+        },
+      });
+    }
+  }
+
+  private readonly firstAudio;
+
+  /** A speech request's first audio bytes left after this long. */
+  observeFirstAudio(seconds: number): void {
+    this.firstAudio.observe(seconds);
   }
 
   /** Observes the steps recorded since the last scrape (at most the ring's capacity). */
