@@ -282,7 +282,7 @@ const vectors = {
   step_graph: {
     message: "Step",
     value: {
-      step_id: -3,
+      step_id: 1038,
       added: [],
       removed: [],
       req_ids: [],
@@ -372,7 +372,7 @@ const vectors = {
   result_graph: {
     message: "StepResult",
     value: {
-      step_id: -3,
+      step_id: 1038,
       req_ids: [],
       token_ids: [],
       logprobs: null,

@@ -131,7 +131,7 @@ class PassResult:
 
 @dataclass
 class Step:
-    """Steps are executed strictly in the order they are sent; step_id is echoed in the result. A step that carries only graph work (no rows) has a negative step_id.
+    """Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
 
     removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
 

@@ -36,7 +36,8 @@ export class WorkerLane implements StepExecutor {
   private releases: number[] = [];
   private finished: string[] = [];
   private inFlight = 0;
-  private nextOwnStepId = -1;
+  /** Wire step ids: the lane numbers every step it sends (the engine core's and its own), strictly increasing. */
+  private nextWireStepId = 0;
   private kickScheduled = false;
 
   constructor(
@@ -85,6 +86,9 @@ export class WorkerLane implements StepExecutor {
   /** Sends a step (the engine core's, or the lane's own), carrying the graph work waiting. */
   executeStep(message: StepMessage): Promise<StepResultMessage> {
     const work = this.attach(message);
+    // The engine core counts its own steps; the worker sees the lane's numbering, the core gets its id back.
+    const coreStepId = message.step_id;
+    message.step_id = this.nextWireStepId++;
     this.inFlight++;
     const sentAt = performance.now();
     let sent: Promise<StepResultMessage>;
@@ -93,9 +97,12 @@ export class WorkerLane implements StepExecutor {
     } catch (error) {
       sent = Promise.reject(error);
     }
+    // Encoded synchronously above: the caller keeps its own id on its message.
+    message.step_id = coreStepId;
     return sent.then(
       (result) => {
         this.inFlight--;
+        result.step_id = coreStepId;
         if (work !== NO_WORK) this.listener.stepDone(this, work, result, performance.now() - sentAt);
         this.kick();
         return result;
@@ -147,16 +154,16 @@ export class WorkerLane implements StepExecutor {
         this.finished = [];
         return;
       }
-      this.executeStep(graphOnlyStep(this.nextOwnStepId--)).catch(() => {});
+      this.executeStep(graphOnlyStep()).catch(() => {});
     });
   }
 }
 
-/** A step with no rows: it carries only graph work. Negative ids keep it apart from the engine core's. */
-function graphOnlyStep(stepId: number): StepMessage {
+/** A step with no rows: it carries only graph work. */
+function graphOnlyStep(): StepMessage {
   return {
     kind: "Step",
-    step_id: stepId,
+    step_id: -1,
     added: [],
     removed: NO_INTS,
     req_ids: NO_INTS,

@@ -107,7 +107,7 @@ export interface PassResult {
 }
 
 /**
- * Steps are executed strictly in the order they are sent; step_id is echoed in the result. A step that carries only graph work (no rows) has a negative step_id.
+ * Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
  * removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
  * added: requests the worker has not seen; token_ids are all tokens known at admission (prompt, plus earlier outputs for a resumed request); the first num_prompt_tokens of them are the prompt (penalties count only the rest and what is sampled later).
  * Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
