@@ -36,7 +36,7 @@ const samplingParams: fc.Arbitrary<SamplingParams> = rec({
   logprobs: int,
 });
 
-const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams });
+const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int });
 const timings: fc.Arbitrary<StepTimings> = rec({ prepare_ms: float, forward_ms: float, sample_ms: float });
 
 const message: fc.Arbitrary<WireMessage> = fc.oneof(
@@ -77,6 +77,11 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     top_ids: fc.option(i32),
     top_logprobs: fc.option(f32),
     timings,
+    prompt_counts: fc.option(i32),
+    prompt_logprobs: fc.option(f32),
+    prompt_ranks: fc.option(i32),
+    prompt_top_ids: fc.option(i32),
+    prompt_top_logprobs: fc.option(f32),
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),
