@@ -181,7 +181,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     vocabSize: ready.vocab_size,
     onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`, "error"),
     apiKey: options.apiKey,
-    metrics: new BatonMetrics({ modelName: name, engine }),
+    metrics: new BatonMetrics({ modelName: name, engine, maxModelLen: ready.max_model_len }),
     logger,
     maxNumQueuedRequests: options.maxNumQueuedRequests,
     bodyLimitBytes: options.maxRequestBodyBytes,
