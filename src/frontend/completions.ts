@@ -80,14 +80,17 @@ export async function handleCompletion(ctx: FrontendContext, request: FastifyReq
   // The prompt's tokens show in logprobs when echoed; vLLM's prompt_logprobs field whenever they were computed.
   const echoLogprobs = req.echo && wantsLogprobs;
 
-  // echo: the prompt's text (as given, or decoded from ids) comes first.
+  // echo: the prompt's text comes first: as given, or for token ids their
+  // texts joined (tokenizer.decode(ids), special tokens included, except that
+  // a run of byte tokens that is not valid UTF-8 keeps the bytes that are).
   const promptTexts: string[] = [];
   const promptTokenTexts: string[][] = [];
   if (req.echo) {
     for (const [i, prompt] of req.prompts.entries()) {
       const ids = prompts[i] as number[];
-      promptTexts.push(typeof prompt === "string" ? prompt : await ctx.tokenizer.decode(ids, false));
-      promptTokenTexts.push(echoLogprobs ? await echoTokenTexts(ctx, prompt, ids) : []);
+      const texts = echoLogprobs || typeof prompt !== "string" ? await echoTokenTexts(ctx, prompt, ids) : [];
+      promptTexts.push(typeof prompt === "string" ? prompt : texts.join(""));
+      promptTokenTexts.push(texts);
     }
   }
 
