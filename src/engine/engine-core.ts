@@ -354,6 +354,7 @@ export class EngineCore {
       if (count === 0) continue;
       const request = out.requests[i] as Request;
       const k = Math.min(Math.max(request.promptLogprobs, 0), this.limits.vocabSize);
+      // Counts and offsets follow the worker's view; a resumed request asks for none (step-builder).
       const entries = request.promptLogprobEntries;
       const first = message.num_computed[i] as number;
       for (let j = 0; j < count; j++, at++, topAt += k) {

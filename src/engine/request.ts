@@ -69,6 +69,11 @@ export class Request {
     this.tokenIds = req.promptIds.slice();
   }
 
+  /** Asked for prompt logprobs and has not had them yet (a request resumed after they went out has no need). */
+  get needsPromptLogprobs(): boolean {
+    return this.promptLogprobs >= 0 && !this.promptLogprobsSent;
+  }
+
   get numTokens(): number {
     return this.tokenIds.length;
   }

@@ -197,8 +197,8 @@ export class Scheduler {
       const request = this.waiting[0] as Request;
       // Preempted with a sampled token still in flight: wait for it (its tokens must be complete when re-added).
       if (request.numInFlightSamples > 0) break;
-      // Prompt tokens served from the cache have no logits: a request that wants prompt logprobs computes them all.
-      const readsCache = this.kv.enablePrefixCaching && request.promptLogprobs < 0;
+      // Prompt tokens served from the cache have no logits: a request that still needs prompt logprobs computes them all.
+      const readsCache = this.kv.enablePrefixCaching && !request.needsPromptLogprobs;
       const cached = readsCache ? this.kv.findCachedPrefix(request) : [];
       const numCachedTokens = cached.length * blockSize;
       const numNew = Math.min(request.numTokens - numCachedTokens, budget);

@@ -59,9 +59,13 @@ for (const asyncScheduling of [true, false]) {
 
     it("are not repeated when a preempted prompt is recomputed", async () => {
       const prompts = Array.from({ length: 5 }, (_, i) => range(9 + i, 100 * i));
-      const { engine } = makeEngine({ asyncScheduling, numBlocks: 8, blockSize: 4, maxNumBatchedTokens: 6 });
+      const { engine, executor } = makeEngine({ asyncScheduling, numBlocks: 8, blockSize: 4, maxNumBatchedTokens: 6 });
       const results = await Promise.all(prompts.map((p) => collect(engine, makeRequest(p, { maxTokens: 10 }, { promptLogprobs: 1 }))));
       assert.ok(engine.stats.numPreemptions > 0, "expected preemptions");
+      // Resumed after its prompt logprobs went out, a request asks the worker for none (and may hit the cache again).
+      const resumed = executor.steps.flatMap((s) => s.added).filter((a) => a.token_ids.length > a.num_prompt_tokens);
+      assert.ok(resumed.length > 0);
+      assert.ok(resumed.every((a) => a.prompt_logprobs === -1));
       results.forEach((r, i) => {
         const sent = r.outputs.filter((o) => o.promptLogprobs !== undefined);
         assert.equal(sent.length, 1);
