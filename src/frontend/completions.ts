@@ -77,7 +77,7 @@ export async function handleCompletion(ctx: FrontendContext, request: FastifyReq
   const created = unixSeconds();
   const model = ctx.servedModelName;
   const wantsLogprobs = req.logprobs >= 0;
-  // The prompt's tokens show in logprobs when echoed; vLLM's prompt_logprobs field whenever they were computed.
+  // Echoed with logprobs, the prompt's tokens lead the logprobs (scored by the prompt logprobs echo asks for).
   const echoLogprobs = req.echo && wantsLogprobs;
 
   // echo: the prompt's text comes first: as given, or for token ids their

@@ -192,7 +192,9 @@ export class Generation {
     const session = this.options.tokenTexts ?? null;
     let logprobs: ResolvedLogprob[] | null = null;
     if (session !== null && vocab !== null && output.logprobs !== null) {
-      // The stop token adds no text (it is not part of the output text).
+      // The stop token adds no text (it is not part of the output text). The
+      // bytes arrays are shared with the session: a token held back as part of
+      // a character gets its bytes when a later token completes the character.
       const texts = session.push(textIds, output.finished);
       if (textIds.length < ids.length) texts.push({ text: "", bytes: [] });
       logprobs = resolveLogprobs(output.logprobs, texts, vocab);

@@ -165,8 +165,11 @@ export class TokenVocabulary {
 /** One token's share of a sequence's text. */
 export interface TokenText {
   text: string;
-  /** The UTF-8 bytes this token contributes (they concatenate to the text's bytes). */
-  bytes: number[];
+  /**
+   * The UTF-8 bytes this token contributes (they concatenate to the text's
+   * bytes). A held token's array is filled in place once its character is complete.
+   */
+  readonly bytes: number[];
 }
 
 /**
@@ -236,15 +239,17 @@ export class TokenTextSession {
     const textBytes = [...utf8.encode(text)];
     const newest = group[group.length - 1] as { entry: TokenText; id: number };
     newest.entry.text = text;
+    // Filled in place: callers may hold the held tokens' bytes arrays already.
     if (group.length === 1) {
-      newest.entry.bytes = textBytes;
+      newest.entry.bytes.push(...textBytes);
       return;
     }
     const parts = group.map((g) => this.vocab.rawBytes(g.id));
     const joined = parts.every((p) => p !== null) ? parts.flatMap((p) => [...(p as Uint8Array)]) : null;
     const fits = joined !== null && joined.length === textBytes.length && joined.every((b, j) => b === textBytes[j]);
     group.forEach((g, j) => {
-      g.entry.bytes = fits ? [...(parts[j] as Uint8Array)] : g === newest ? textBytes : [];
+      if (fits) g.entry.bytes.push(...(parts[j] as Uint8Array));
+      else if (g === newest) g.entry.bytes.push(...textBytes);
     });
   }
 }

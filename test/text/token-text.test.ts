@@ -60,10 +60,14 @@ for (const [name, tokenizer] of tokenizers) {
     });
 
     test("a character split over tokens: the tokens before the last add \"\", the last adds the character", async () => {
-      const ids = await tokenizer.encode("世界🙂", false);
-      const entries = new TokenTextSession(vocab, [], false).push(ids, true);
-      assert.equal(entries.map((e) => e.text).join(""), "世界🙂");
-      if (ids.length > 3) assert.ok(entries.some((e) => e.text === "" && e.bytes.length > 0), "some token holds bytes but no text");
+      const ids = await tokenizer.encode("世界🙂𠮷🫠", false);
+      const session = new TokenTextSession(vocab, [], false);
+      // One token at a time, keeping each entry's bytes array as a caller would.
+      const entries = ids.flatMap((id, i) => session.push([id], i === ids.length - 1));
+      const bytesSeen = entries.map((e) => e.bytes);
+      assert.equal(entries.map((e) => e.text).join(""), "世界🙂𠮷🫠");
+      assert.ok(entries.some((e) => e.text === "" && e.bytes.length > 0), "some token holds bytes but no text");
+      assert.deepEqual(bytesSeen.flat(), [...utf8.encode("世界🙂𠮷🫠")], "held tokens' bytes arrays were filled in place");
     });
 
     test("lone tokens keep their leading space; a partial character is bytes:\\xNN", async () => {
