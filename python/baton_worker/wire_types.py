@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "PassResult", "Step", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 
 @dataclass
@@ -41,10 +41,13 @@ class SamplingParams:
 
 @dataclass
 class AddedRequest:
+    """prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs."""
+
     req_id: int
     token_ids: np.ndarray
     num_prompt_tokens: int
     sampling: SamplingParams
+    prompt_logprobs: int = -1
 
 
 @dataclass
@@ -198,7 +201,11 @@ class StepResult:
 
     prompt_results: one per prompt request, in order: its values by name (a 1-D integer tensor as 'tokens'; other tensors stay in this worker's store as 'tensor' with one reference, the control plane's), or the error that refuses the request.
 
-    pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request."""
+    pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request.
+
+    Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
+
+    prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request."""
 
     step_id: int
     req_ids: np.ndarray
@@ -210,6 +217,11 @@ class StepResult:
     timings: StepTimings
     prompt_results: list[PromptResult] = dataclasses.field(default_factory=lambda: [])
     pass_results: list[PassResult] = dataclasses.field(default_factory=lambda: [])
+    prompt_counts: np.ndarray | None = None
+    prompt_logprobs: np.ndarray | None = None
+    prompt_ranks: np.ndarray | None = None
+    prompt_top_ids: np.ndarray | None = None
+    prompt_top_logprobs: np.ndarray | None = None
 
 
 @dataclass
@@ -248,6 +260,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("token_ids", "i32[]", False, None),
         ("num_prompt_tokens", "int", False, None),
         ("sampling", "struct", False, "SamplingParams"),
+        ("prompt_logprobs", "int", False, None),
     ),
     "StepTimings": (
         ("prepare_ms", "float", False, None),
@@ -375,6 +388,11 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("timings", "struct", False, "StepTimings"),
             ("prompt_results", "struct[]", False, "PromptResult"),
             ("pass_results", "struct[]", False, "PassResult"),
+            ("prompt_counts", "i32[]", True, None),
+            ("prompt_logprobs", "f32[]", True, None),
+            ("prompt_ranks", "i32[]", True, None),
+            ("prompt_top_ids", "i32[]", True, None),
+            ("prompt_top_logprobs", "f32[]", True, None),
         ),
     ),
     "Pong": (

@@ -192,7 +192,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       throw new ServeError((error as Error).message);
     }
   }
-  const metrics = new BatonMetrics({ modelName: name, engine, nodes: engine });
+  const metrics = new BatonMetrics({ modelName: name, engine, nodes: engine, maxModelLen: ready.max_model_len });
   server = buildServer({
     engine,
     tokenizer,

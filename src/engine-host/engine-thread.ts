@@ -344,6 +344,8 @@ export class EngineThread implements ServingEngine {
     before.stopTokenId = output.stopTokenId;
     before.numCachedTokens = output.numCachedTokens;
     before.error = output.error;
+    if (output.promptLogprobs !== undefined) before.promptLogprobs = output.promptLogprobs;
+    if (output.timing !== undefined) before.timing = output.timing;
   }
 
   private deliver(): void {

@@ -49,7 +49,7 @@ class Outbox {
 
   add(handle: number, output: RequestOutput): void {
     const ids = output.newTokenIds;
-    if (ids.length === 1 && output.logprobs === null && !output.finished && output.error === null) {
+    if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && !output.finished && output.error === null) {
       this.plain.push(handle, ids[0] as number, output.numCachedTokens);
     } else {
       const { requestId: _id, ...rest } = output;

@@ -3,7 +3,7 @@
 // KV is computed; each step gives it tokens so the count catches up.
 
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, OutputCallback, StopConditions } from "./types.js";
+import type { EngineRequest, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
 
 export type RequestStatus = "waiting" | "running" | "finished";
 
@@ -17,6 +17,16 @@ export class Request {
   readonly priority: number;
   readonly arrivalMs: number;
   readonly onOutput: OutputCallback;
+  /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
+  readonly promptLogprobs: number;
+  /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
+  readonly promptLogprobEntries: PromptTokenLogprob[] = [];
+  promptLogprobsSent = false;
+  /** Engine-clock times (performance.now() in the engine's thread) for RequestTiming; -1 until they happen. */
+  readonly submittedMs: number;
+  firstScheduledMs = -1;
+  firstTokenMs = -1;
+  lastTokenMs = -1;
 
   readonly numPromptTokens: number;
   /** Prompt followed by every sampled token: what the worker is told when the request is added. */
@@ -53,8 +63,15 @@ export class Request {
     this.priority = req.priority;
     this.arrivalMs = req.arrivalMs;
     this.onOutput = onOutput;
+    this.promptLogprobs = req.promptLogprobs ?? -1;
+    this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();
+  }
+
+  /** Asked for prompt logprobs and has not had them yet (a request resumed after they went out has no need). */
+  get needsPromptLogprobs(): boolean {
+    return this.promptLogprobs >= 0 && !this.promptLogprobsSent;
   }
 
   get numTokens(): number {

@@ -66,5 +66,6 @@ function addedRequest(request: Request): AddedRequest {
     token_ids: Int32Array.from(request.tokenIds),
     num_prompt_tokens: request.numPromptTokens,
     sampling: request.sampling,
+    prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
   };
 }

@@ -5,9 +5,9 @@
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
-import { clampLogprob } from "./completions.js";
 import type { FrontendContext } from "./context.js";
-import type { OpenAIFinishReason, ResolvedLogprob } from "./generation.js";
+import type { OpenAIFinishReason } from "./generation.js";
+import { chatLogprobs, vllmPromptLogprobs } from "./logprobs-format.js";
 import { badRequest } from "./openai-error.js";
 import { parseChatRequest } from "./request-validation.js";
 import {
@@ -21,7 +21,6 @@ import {
   type StreamFormat,
   type Usage,
 } from "./run-generation.js";
-import { utf8Bytes } from "./token-strings.js";
 
 export interface ChatRenderRequest {
   messages: TemplateMessage[];
@@ -54,27 +53,10 @@ export function renderChatPrompt(ctx: FrontendContext, req: ChatRenderRequest): 
   }
 }
 
-interface ChatLogprobEntry {
-  token: string;
-  logprob: number;
-  bytes: number[];
-  top_logprobs: { token: string; logprob: number; bytes: number[] }[];
-}
-
-function chatLogprobs(entries: readonly ResolvedLogprob[]): { content: ChatLogprobEntry[] } {
-  return {
-    content: entries.map((e) => ({
-      token: e.token,
-      logprob: clampLogprob(e.logprob),
-      bytes: utf8Bytes(e.token),
-      top_logprobs: e.top.map((t) => ({ token: t.token, logprob: clampLogprob(t.logprob), bytes: utf8Bytes(t.token) })),
-    })),
-  };
-}
-
 export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
   const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize });
+  ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   // The template writes special tokens (BOS included) as text; adding them again would double them.
@@ -112,7 +94,8 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
         };
         if (delta.finishReason !== null) choice.stop_reason = delta.stopReason;
         if (req.returnTokenIds) choice.token_ids = delta.tokenIds;
-        return chunk([choice]);
+        // vLLM puts prompt_logprobs on the response; in a stream, on the first chunk with tokens.
+        return chunk([choice], delta.promptLogprobs === null ? {} : { prompt_logprobs: vllmPromptLogprobs(delta.promptLogprobs) });
       },
       usage: (usage) => chunk([], {}, usage),
     };
@@ -138,6 +121,7 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
       return choice;
     }),
     usage: result.usage,
+    prompt_logprobs: result.choices[0]?.promptLogprobs ? vllmPromptLogprobs(result.choices[0].promptLogprobs) : null,
     ...(req.returnTokenIds ? { prompt_token_ids: promptIds } : {}),
   };
 }

@@ -67,6 +67,8 @@ export interface BatonServer {
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
+const HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] as const;
+
 function errorType(status: number): ApiErrorType {
   if (status === 404) return "not_found_error";
   if (status === 503) return "service_unavailable";
@@ -99,8 +101,17 @@ export function buildServer(options: ServerOptions): BatonServer {
     vocabSize: options.vocabSize,
     registry,
     unavailableReason: () => unavailable,
+    noteIgnoredFields(route, names) {
+      // Ignored like vLLM does, but said once per field name so a client's typo is visible without flooding the log.
+      for (const name of names) {
+        if (warnedFields.has(name)) continue;
+        warnedFields.add(name);
+        options.logger?.warn({ route, field: name }, `ignoring unknown request field ${JSON.stringify(name)} (logged once per field name)`);
+      }
+    },
   };
   const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
+  const warnedFields = new Set<string>();
 
   app.setErrorHandler((error: FastifyError | ApiError | Error, _request, reply) => {
     if (reply.sent || reply.raw.headersSent) return;
@@ -144,6 +155,16 @@ export function buildServer(options: ServerOptions): BatonServer {
     }
   });
   app.setNotFoundHandler((request, reply) => {
+    // A known path asked with another method: 405 naming the methods it takes.
+    const path = request.url.split("?")[0] ?? request.url;
+    const allowed = HTTP_METHODS.filter((method) => app.findRoute({ method, url: path }) !== null);
+    if (allowed.length > 0) {
+      void reply
+        .code(405)
+        .header("allow", allowed.join(", "))
+        .send(new ApiError(405, `${request.method} is not allowed on ${path}; use ${allowed.join(" or ")}`, "invalid_request_error").toBody());
+      return;
+    }
     void reply.code(404).send(new ApiError(404, `no route for ${request.method} ${request.url}`, "not_found_error").toBody());
   });
 

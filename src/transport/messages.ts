@@ -6,7 +6,7 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -27,11 +27,15 @@ export interface SamplingParams {
   logprobs: number;
 }
 
+/**
+ * prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
+ */
 export interface AddedRequest {
   req_id: number;
   token_ids: Int32Array;
   num_prompt_tokens: number;
   sampling: SamplingParams;
+  prompt_logprobs: number;
 }
 
 export interface StepTimings {
@@ -165,6 +169,8 @@ export interface ReadyMessage {
  * top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many).
  * prompt_results: one per prompt request, in order: its values by name (a 1-D integer tensor as 'tokens'; other tensors stay in this worker's store as 'tensor' with one reference, the control plane's), or the error that refuses the request.
  * pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request.
+ * Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
+ * prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request.
  */
 export interface StepResultMessage {
   kind: "StepResult";
@@ -178,6 +184,11 @@ export interface StepResultMessage {
   timings: StepTimings;
   prompt_results: PromptResult[];
   pass_results: PassResult[];
+  prompt_counts: Int32Array | null;
+  prompt_logprobs: Float32Array | null;
+  prompt_ranks: Int32Array | null;
+  prompt_top_ids: Int32Array | null;
+  prompt_top_logprobs: Float32Array | null;
 }
 
 export interface PongMessage {
@@ -201,7 +212,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 2,
+  protocolVersion: 3,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -221,6 +232,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       { name: "num_prompt_tokens", type: { kind: "int", nullable: false, text: "int" } },
       { name: "sampling", type: { kind: "struct", struct: "SamplingParams", nullable: false, text: "SamplingParams" } },
+      { name: "prompt_logprobs", type: { kind: "int", nullable: false, text: "int" } },
     ],
     StepTimings: [
       { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },
@@ -347,6 +359,11 @@ export const WIRE_TABLES: WireTables = {
         { name: "timings", type: { kind: "struct", struct: "StepTimings", nullable: false, text: "StepTimings" } },
         { name: "prompt_results", type: { kind: "struct[]", struct: "PromptResult", nullable: false, text: "PromptResult[]" } },
         { name: "pass_results", type: { kind: "struct[]", struct: "PassResult", nullable: false, text: "PassResult[]" } },
+        { name: "prompt_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "prompt_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
+        { name: "prompt_ranks", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "prompt_top_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "prompt_top_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
       ],
     },
     Pong: {

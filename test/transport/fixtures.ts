@@ -72,7 +72,7 @@ export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParam
 }
 
 export function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
-  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides) };
+  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1 };
 }
 
 export function step(overrides: Partial<StepMessage> = {}): StepMessage {
@@ -108,6 +108,11 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     timings: { prepare_ms: 0.2, forward_ms: 4.5, sample_ms: 1 },
     prompt_results: [],
     pass_results: [],
+    prompt_counts: Int32Array.from([2, 0]),
+    prompt_logprobs: Float32Array.from([-3.5, -0.25]),
+    prompt_ranks: Int32Array.from([7, 1]),
+    prompt_top_ids: Int32Array.from([17]),
+    prompt_top_logprobs: Float32Array.from([-0.125]),
     ...overrides,
   };
 }

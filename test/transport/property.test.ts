@@ -48,7 +48,7 @@ const samplingParams: fc.Arbitrary<SamplingParams> = rec({
   logprobs: int,
 });
 
-const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams });
+const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int });
 const timings: fc.Arbitrary<StepTimings> = rec({ prepare_ms: float, forward_ms: float, sample_ms: float });
 
 const strs = fc.array(str, { maxLength: 3 });
@@ -120,6 +120,11 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     timings,
     prompt_results: small(promptResult),
     pass_results: small(passResult),
+    prompt_counts: fc.option(i32),
+    prompt_logprobs: fc.option(f32),
+    prompt_ranks: fc.option(i32),
+    prompt_top_ids: fc.option(i32),
+    prompt_top_logprobs: fc.option(f32),
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),
