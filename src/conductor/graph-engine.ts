@@ -547,6 +547,9 @@ export class GraphEngine implements LaneListener {
         numCachedTokens: core?.numCachedTokens ?? 0,
         error: req.ended ? req.endError : null,
       };
+      // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
+      if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
+      if (core?.timing !== undefined) output.timing = core.timing;
       callSafely(req.onOutput!, output);
     }
   }

@@ -66,6 +66,8 @@ export interface NodeStatsSource {
   nodeStats(): readonly { node: string; queueDepth: number }[];
   /** Stateless batches' round trips since the last call. */
   takeNodeSteps(): readonly { node: string; seconds: number }[];
+  /** Tensors held on workers that the control plane still refers to. */
+  readonly heldTensors: number;
 }
 const HISTOGRAMS = [
   "vllm:time_to_first_token_seconds",
@@ -227,6 +229,15 @@ export class BatonMetrics implements RequestRecorder {
           for (const s of nodes.takeNodeSteps()) nodeStep.observe({ ...model, node: s.node }, s.seconds);
         },
       });
+      new Gauge({
+        name: "baton:graph_tensors_held",
+        help: "Tensors on the workers that live graph requests still refer to (0 when idle: nothing leaked).",
+        labelNames,
+        registers,
+        collect() {
+          this.set(model, nodes.heldTensors);
+        },
+      });
       const queue = new Gauge({
         name: "baton:node_queue_depth",
         help: "Passes of a graph node waiting for a step (kv_cache nodes: requests waiting to be scheduled).",
@@ -282,7 +293,6 @@ export class BatonMetrics implements RequestRecorder {
           this.live.interTokenGaps(gap * 1000, count, nowMs);
         }
         lastMs = nowMs;
-        this.generationTokens.inc(count);
         this.live.generated(count);
       },
       finish: (reason, nowMs) => {
