@@ -48,7 +48,7 @@ ANSWERS = [" blue", " quiet", " very wet", " broken in two", " full of flowers",
 
 def ensure_lm_eval() -> None:
     """Installs requirements-eval.txt (without dependency resolution) when lm-eval or its imports are missing."""
-    if all(importlib.util.find_spec(m) is not None for m in ("lm_eval", "datasets", "aiohttp", "tenacity", "sacrebleu", "dateutil")):
+    if all(importlib.util.find_spec(m) is not None for m in ("lm_eval", "datasets", "aiohttp", "tenacity", "sacrebleu", "dateutil", "requests", "accelerate")):
         return
     print(f"installing lm-eval into {sys.executable}: pip install --no-deps -r {REQUIREMENTS}", file=sys.stderr, flush=True)
     env = {**os.environ, "PIP_RETRIES": os.environ.get("PIP_RETRIES", "0")}
