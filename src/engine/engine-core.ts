@@ -88,6 +88,20 @@ export interface EngineStats {
   numCallbackErrors: number;
 }
 
+export interface EngineCoreOptions {
+  /**
+   * How the outputs of one step reach their callbacks: emitAll invokes every
+   * output callback of the step, synchronously. Default: at once. The graph
+   * engine runs them as one conductor call, so a step costs it one flush of
+   * client outputs and one look for ready work, not one per request.
+   */
+  deliverStepOutputs?: (emitAll: () => void) => void;
+}
+
+function runNow(emitAll: () => void): void {
+  emitAll();
+}
+
 /** A step sent to the worker whose result has not been processed yet. */
 interface InFlightStep {
   out: SchedulerOutput;
@@ -131,9 +145,11 @@ export class EngineCore {
   private readonly maxInFlight: number;
   private pendingAborts: string[] = [];
   private closed = false;
+  private readonly deliverStepOutputs: (emitAll: () => void) => void;
 
-  constructor(executor: StepExecutor, config: EngineConfig) {
+  constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions = {}) {
     this.config = config;
+    this.deliverStepOutputs = options.deliverStepOutputs ?? runNow;
     this.executor = executor;
     this.blockManager = new BlockManager(config.numBlocks, config.blockSize, config.enablePrefixCaching ?? true);
     this.scheduler = new Scheduler(config, this.blockManager);
@@ -282,7 +298,7 @@ export class EngineCore {
     const t3 = performance.now();
     this.scheduler.updateAfterStep(step.out);
     this.applyPendingAborts();
-    this.processResult(step.out, step.message, result);
+    this.deliverStepOutputs(() => this.processResult(step.out, step.message, result));
     const t4 = performance.now();
     this.numSteps++;
     this.timings.record({
