@@ -93,6 +93,14 @@ interface LiveRequest {
   pending: number[];
   /** In the engine's list of requests with something to flush. */
   touched: boolean;
+  /**
+   * Text requests in a plain decode loop: tokens of this node the conductor
+   * lets the engine pass straight to the client (kvToken's answer), and how
+   * many were passed since it last saw one.
+   */
+  carryNode: CompiledNode | null;
+  carryLeft: number;
+  carried: number;
   /** The engine-core output being turned into conductor events, if any. */
   coreOutput: RequestOutput | null;
   ended: boolean;
@@ -306,6 +314,9 @@ export class GraphEngine implements LaneListener {
       admitted: false,
       pending: [],
       touched: false,
+      carryNode: null,
+      carryLeft: 0,
+      carried: 0,
       coreOutput: null,
       ended: false,
       endReason: null,
@@ -471,12 +482,19 @@ export class GraphEngine implements LaneListener {
       return;
     }
     const n = out.newTokenIds.length;
+    if (req.carryLeft > 0 && req.carryNode === node && n === 1 && !out.finished && req.pending.length === 0) {
+      // One more iteration of a decode loop the conductor handed over: the output is the client's as it is.
+      req.carryLeft--;
+      req.carried++;
+      callSafely(req.onOutput!, out);
+      return;
+    }
     // Kept until the client output is flushed: its logprobs, finish and timing go with the tokens.
     req.coreOutput = out;
     if (n > 0) {
       this.currentOutput = req;
-      if (this.inCoreStep) this.kvTokens(node, out);
-      else this.call(() => this.kvTokens(node, out));
+      if (this.inCoreStep) this.kvTokens(req, node, out);
+      else this.call(() => this.kvTokens(req, node, out));
       this.currentOutput = null;
     } else if (out.finished) {
       // Ended without a token: the worker failed, or the engine aborted it (closing).
@@ -488,11 +506,21 @@ export class GraphEngine implements LaneListener {
     this.flushTouched();
   }
 
-  private kvTokens(node: CompiledNode, out: RequestOutput): void {
+  private kvTokens(req: LiveRequest, node: CompiledNode, out: RequestOutput): void {
+    if (req.carried > 0) {
+      this.conductor.kvTokensCarried(req.id, node, req.carried);
+      req.carried = 0;
+    }
+    req.carryLeft = 0;
     const n = out.newTokenIds.length;
+    let carry = 0;
     for (let i = 0; i < n; i++) {
       const finish = i === n - 1 && out.finished ? out.finishReason : null;
-      this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
+      carry = this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
+    }
+    if (req.onOutput !== null && carry > 0) {
+      req.carryNode = node;
+      req.carryLeft = carry;
     }
   }
 
