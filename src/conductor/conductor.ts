@@ -178,6 +178,13 @@ export class Conductor {
     return this.requests.has(requestId);
   }
 
+  /** Tensors live requests refer to, all together (a gauge read every step: no allocation). */
+  get numHeldTensors(): number {
+    let n = 0;
+    for (const req of this.requests.values()) n += req.refs.size;
+    return n;
+  }
+
   /** Tensors a live request refers to (for leak checks). */
   heldTensors(requestId: string): readonly TensorValue[] {
     return [...(this.requests.get(requestId)?.refs.keys() ?? [])];

@@ -218,9 +218,7 @@ export class GraphEngine implements LaneListener {
 
   /** Tensors the control plane refers to, for leak checks. */
   heldTensors(): number {
-    let n = 0;
-    for (const id of this.live.keys()) n += this.conductor.heldTensors(id).length;
-    return n;
+    return this.conductor.numHeldTensors;
   }
 
   // ------------------------------------------------------------ submitting
