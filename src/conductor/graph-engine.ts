@@ -79,6 +79,8 @@ export interface GraphEngineOptions {
   wrapExecutor?: (rank: number, client: WorkerClient) => StepExecutor;
   /** Engine-core settings for kv_cache nodes; sizes come from their worker's Ready. */
   engine: Omit<EngineConfig, "maxModelLen" | "blockSize" | "numBlocks">;
+  /** Requests running at once (M*'s max_concurrent_requests); later ones wait in arrival order. Default: no limit. */
+  maxConcurrentRequests?: number | null;
 }
 
 interface LiveRequest {
@@ -101,6 +103,9 @@ interface LiveRequest {
   carryNode: CompiledNode | null;
   carryLeft: number;
   carried: number;
+  /** Counted against maxConcurrentRequests; a waiting request has its start here instead. */
+  running: boolean;
+  begin: (() => void) | null;
   /** The engine-core output being turned into conductor events, if any. */
   coreOutput: RequestOutput | null;
   ended: boolean;
@@ -138,10 +143,15 @@ export class GraphEngine implements LaneListener {
   private readonly lastStepSeconds = new Map<string, number>();
   private closed = false;
   private readonly onQuietChange: () => void;
+  private readonly maxConcurrent: number;
+  private numRunning = 0;
+  /** Requests over maxConcurrentRequests, in arrival order. */
+  private readonly waiting: LiveRequest[] = [];
 
   constructor(options: GraphEngineOptions) {
     const graph = options.graph;
     this.onQuietChange = options.onQuietChange ?? (() => {});
+    this.maxConcurrent = options.maxConcurrentRequests ?? Infinity;
     this.graph = graph;
     this.lanes = options.workers.map((w, rank) => new WorkerLane(rank, w, this, options.wrapExecutor?.(rank, w) ?? w));
     this.rankOfWalkNode = graph.walkNodes.map((wn) => {
@@ -190,7 +200,9 @@ export class GraphEngine implements LaneListener {
   }
 
   get stats(): EngineStats {
-    return this.primaryCore?.stats ?? EMPTY_STATS;
+    const stats = this.primaryCore?.stats ?? EMPTY_STATS;
+    // Requests held back by maxConcurrentRequests wait too.
+    return this.waiting.length === 0 ? stats : { ...stats, numWaiting: stats.numWaiting + this.waiting.length };
   }
 
   get timings(): StepTimingRing | null {
@@ -236,9 +248,11 @@ export class GraphEngine implements LaneListener {
     }
     checkSubmittable(req, { ...config, vocabSize: this.lanes[0]!.ready.vocab_size });
     const live = this.track(req.id, onOutput, null, req, {});
-    live.admitted = true;
     const prompt = new Map([[this.graph.promptNames[0]!, [{ kind: "tokens", ids: Int32Array.from(req.promptIds) } as Value]]]);
-    this.call(() => this.conductor.admit(req.id, prompt));
+    this.start(live, () => {
+      live.admitted = true;
+      this.call(() => this.conductor.admit(req.id, prompt));
+    });
   }
 
   /** A request for the graph's own outputs; events come through onEvent, the last one "done" or "error". */
@@ -252,21 +266,48 @@ export class GraphEngine implements LaneListener {
     const engineRequest: EngineRequest = { id: req.id, promptIds: [], sampling: req.sampling, stop, priority: req.priority, arrivalMs: req.arrivalMs };
     const live = this.track(req.id, null, onEvent, engineRequest, req.modelKwargs);
     const inactive = req.inactivePartitions ?? [];
-    if (req.values !== undefined) {
-      live.admitted = true;
-      const values = req.values;
-      this.call(() => this.conductor.admit(req.id, values, { inactivePartitions: inactive }));
+    const values = req.values;
+    if (values !== undefined) {
+      this.start(live, () => {
+        live.admitted = true;
+        this.call(() => this.conductor.admit(req.id, values, { inactivePartitions: inactive }));
+      });
       return;
     }
     const prompt = req.prompt!;
-    this.admitAfterPrompt.set(req.id, inactive);
-    this.lanes[0]!.addPrompt({
-      request_id: req.id,
-      prompt: prompt.text,
-      input_modalities: prompt.inputModalities,
-      output_modalities: prompt.outputModalities,
-      kwargs: req.modelKwargs,
+    this.start(live, () => {
+      this.admitAfterPrompt.set(req.id, inactive);
+      this.lanes[0]!.addPrompt({
+        request_id: req.id,
+        prompt: prompt.text,
+        input_modalities: prompt.inputModalities,
+        output_modalities: prompt.outputModalities,
+        kwargs: req.modelKwargs,
+      });
     });
+  }
+
+  /** Runs the request's start now, or once fewer than maxConcurrentRequests run. */
+  private start(live: LiveRequest, begin: () => void): void {
+    if (this.numRunning >= this.maxConcurrent) {
+      live.begin = begin;
+      this.waiting.push(live);
+      return;
+    }
+    this.numRunning++;
+    live.running = true;
+    begin();
+  }
+
+  private startWaiting(): void {
+    while (this.numRunning < this.maxConcurrent && this.waiting.length > 0) {
+      const live = this.waiting.shift()!;
+      const begin = live.begin!;
+      live.begin = null;
+      this.numRunning++;
+      live.running = true;
+      begin();
+    }
   }
 
   private readonly admitAfterPrompt = new Map<string, string[]>();
@@ -315,6 +356,8 @@ export class GraphEngine implements LaneListener {
       carryNode: null,
       carryLeft: 0,
       carried: 0,
+      running: false,
+      begin: null,
       coreOutput: null,
       ended: false,
       endReason: null,
@@ -606,6 +649,14 @@ export class GraphEngine implements LaneListener {
   /** Drops the request from the engine's tables and tells stateless workers it ended. */
   private forget(req: LiveRequest): void {
     if (!this.live.delete(req.id)) return;
+    if (req.running) {
+      req.running = false;
+      this.numRunning--;
+      this.startWaiting();
+    } else if (req.begin !== null) {
+      req.begin = null;
+      this.waiting.splice(this.waiting.indexOf(req), 1);
+    }
     this.admitAfterPrompt.delete(req.id);
     for (const lane of this.statelessLanes) lane.requestEnded(req.id);
   }

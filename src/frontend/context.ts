@@ -3,7 +3,8 @@
 import type { ChatTemplate } from "../text/chat-template.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
-import type { EngineHandle, GenerationRegistry } from "./generation.js";
+import type { EngineHandle } from "../engine/types.js";
+import type { GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
 
