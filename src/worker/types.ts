@@ -37,6 +37,8 @@ export interface WorkerOptions {
   nodes?: string[];
   /** The worker's rank in the deployment (default 0): the owner named in its tensors' descriptors. */
   rank?: number;
+  /** Bytes of the worker's shared-memory arena, through which its tensors reach workers of other ranks (default: none). */
+  shmBytes?: number;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
 }
