@@ -23,8 +23,8 @@ it. A consumer copies a published input out of the producer's segment while it
 resolves the pass's inputs. A tensor that does not fit fails its request only.
 
 Pass failures never leave the loop as exceptions: a bad input fails its pass
-(a tensor held by another worker, an unknown handle or value form, a request's
-kwargs that are not a map), a failing forward fails its batch, and a batch for
+(a tensor of another worker that it did not publish or whose segment is gone,
+an unknown handle or value form, a request's kwargs that are not a map), a failing forward fails its batch, and a batch for
 a node this worker does not host fails every pass of it with a line saying why.
 
 Timings: the graph work before the rows (releases, finished requests, prompts)
