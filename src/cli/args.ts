@@ -48,6 +48,8 @@ export interface ServeOptions {
   maxRequestBodyBytes: number;
   /** --deployment FILE.yaml (M*'s format): which worker rank runs which graph nodes. */
   deployment: string | null;
+  /** --shm-bytes N: each worker's shared-memory arena in a split deployment (default: a share of /dev/shm). */
+  shmBytes: number | undefined;
 }
 
 export const SERVE_DEFAULTS = {
@@ -67,6 +69,7 @@ export const SERVE_DEFAULTS = {
 const SERVE_FLAGS = {
   host: { type: "string" },
   deployment: { type: "string" },
+  "shm-bytes": { type: "string" },
   port: { type: "string" },
   "served-model-name": { type: "string" },
   "max-model-len": { type: "string" },
@@ -212,6 +215,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
       maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
       deployment: values.deployment ?? null,
+      shmBytes: intFlag(values["shm-bytes"], "shm-bytes", 1, undefined),
     },
   };
 }
@@ -257,6 +261,10 @@ Options (vLLM's names; --flag value or --flag=value):
   --scheduling-policy fcfs|priority   priority: requests with a lower \`priority\` field run first (default fcfs)
   --max-num-queued-requests N      new requests get 429 while N wait (default ${SERVE_DEFAULTS.maxNumQueuedRequests})
   --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)
+  --deployment FILE.yaml           which worker rank runs which graph nodes (M*'s format)
+  --shm-bytes N                    each worker's shared-memory arena for tensors that cross between
+                                   workers of a deployment (default: a quarter of /dev/shm, at most
+                                   2 GiB, split between the workers)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

@@ -15,6 +15,7 @@ import {
   type WorkerToEngineMessage,
 } from "../transport/messages.js";
 import { resolvePythonEnv } from "./python-env.js";
+import { removeSegmentsOf } from "./shm-segments.js";
 import { WorkerDiedError, WorkerStartError, type WorkerClient, type WorkerExit, type WorkerOptions } from "./types.js";
 
 /**
@@ -46,6 +47,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   if (opts.modelKwargs !== undefined && Object.keys(opts.modelKwargs).length > 0) args.push("--model-kwargs", JSON.stringify(opts.modelKwargs));
+  if (opts.shmBytes !== undefined && opts.shmBytes > 0) args.push("--shm-bytes", String(opts.shmBytes));
   return args;
 }
 
@@ -303,6 +305,7 @@ class SupervisedWorker implements WorkerClient {
   killAndCleanSync(): void {
     this.killNow();
     this.channel.closeSync();
+    if (this.child.pid !== undefined) removeSegmentsOf(this.child.pid);
   }
 
   private killAfter(ms: number): void {
@@ -328,6 +331,7 @@ class SupervisedWorker implements WorkerClient {
     const exit: WorkerExit = { code, signal, message };
     this.exitInfo = exit;
     live.delete(this);
+    if (this.child.pid !== undefined) removeSegmentsOf(this.child.pid);
     await this.channel.close();
 
     const reason = this.shutdownRequested ? "model worker was shut down" : message;
