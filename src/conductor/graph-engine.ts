@@ -541,7 +541,7 @@ export class GraphEngine implements LaneListener {
       // One more iteration of a decode loop the conductor handed over: the output is the client's as it is.
       req.carryLeft--;
       req.carried++;
-      callSafely(req.onOutput!, out);
+      deliverOutput(req, out);
       return;
     }
     // Kept until the client output is flushed: its logprobs, finish and timing go with the tokens.
@@ -711,7 +711,7 @@ export class GraphEngine implements LaneListener {
       if (core !== null && sameOutput(core, pending, req)) {
         // The conductor passed the engine core's tokens straight to the client (a plain LLM): its output is the client's.
         pending.length = 0;
-        callSafely(req.onOutput!, core);
+        deliverOutput(req, core);
         continue;
       }
       const tokens = pending.slice();
@@ -729,7 +729,7 @@ export class GraphEngine implements LaneListener {
       // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
       if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
       if (core?.timing !== undefined) output.timing = core.timing;
-      callSafely(req.onOutput!, output);
+      deliverOutput(req, output);
     }
   }
 }
@@ -800,6 +800,15 @@ function sameOutput(core: RequestOutput, tokens: readonly number[], req: LiveReq
   if (ids.length !== tokens.length || core.finished !== req.ended) return false;
   for (let i = 0; i < ids.length; i++) if (ids[i] !== tokens[i]) return false;
   return !req.ended || (core.finishReason === req.endReason && core.error === req.endError);
+}
+
+/** A text client's output; its own call site (not callSafely's), so the engine's hottest call stays monomorphic. */
+function deliverOutput(req: LiveRequest, output: RequestOutput): void {
+  try {
+    req.onOutput!(output);
+  } catch {
+    // A client's callback must not stop the engine.
+  }
 }
 
 function callSafely<T>(fn: (arg: T) => void, arg: T): void {
