@@ -4,6 +4,7 @@
 import { parseArgs } from "node:util";
 import type { Device, Dtype, LoadFormat } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
+import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
 
 export type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
@@ -46,6 +47,8 @@ export interface ServeOptions {
   maxNumQueuedRequests: number;
   /** Larger request bodies get 413. */
   maxRequestBodyBytes: number;
+  /** --reasoning-parser: split chat output into reasoning_content and content; null: off. */
+  reasoningParser: ReasoningParserName | null;
 }
 
 export const SERVE_DEFAULTS = {
@@ -88,6 +91,7 @@ const SERVE_FLAGS = {
   "log-level": { type: "string" },
   "max-num-queued-requests": { type: "string" },
   "max-request-body-bytes": { type: "string" },
+  "reasoning-parser": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -208,6 +212,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       logLevel: choice(values["log-level"], "log-level", LOG_LEVELS, SERVE_DEFAULTS.logLevel),
       maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
       maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
+      reasoningParser: values["reasoning-parser"] === undefined ? null : choice(values["reasoning-parser"], "reasoning-parser", REASONING_PARSERS, "qwen3"),
     },
   };
 }
@@ -253,6 +258,8 @@ Options (vLLM's names; --flag value or --flag=value):
   --scheduling-policy fcfs|priority   priority: requests with a lower \`priority\` field run first (default fcfs)
   --max-num-queued-requests N      new requests get 429 while N wait (default ${SERVE_DEFAULTS.maxNumQueuedRequests})
   --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)
+  --reasoning-parser qwen3|deepseek_r1   split <think>...</think> out of chat answers into
+                                   reasoning_content (message and streamed delta)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

@@ -186,6 +186,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     maxNumQueuedRequests: options.maxNumQueuedRequests,
     bodyLimitBytes: options.maxRequestBodyBytes,
     schedulingPolicy: options.schedulingPolicy,
+    reasoningParser: options.reasoningParser,
     numWaiting: () => liveEngine.stats.numWaiting,
   });
   const liveServer = server;

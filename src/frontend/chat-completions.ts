@@ -4,7 +4,9 @@
 
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
+import { ReasoningSplitter, reasoningStart } from "../reasoning/reasoning-parser.js";
 import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
+import { ChatChoiceOutput, isEmptyPiece, joinPieces, type ChatPiece } from "./chat-output.js";
 import { clampLogprob } from "./completions.js";
 import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason, ResolvedLogprob } from "./generation.js";
@@ -77,15 +79,33 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize });
   checkModel(ctx, req.model);
   checkAvailable(ctx);
+  const prompt = renderChatPrompt(ctx, req);
   // The template writes special tokens (BOS included) as text; adding them again would double them.
-  const promptIds = await ctx.tokenizer.encode(renderChatPrompt(ctx, req), false);
+  const promptIds = await ctx.tokenizer.encode(prompt, false);
   if (promptIds.length === 0) throw badRequest("the rendered chat prompt is empty", "messages");
   const id = newRequestId("chatcmpl");
   const specs = buildChoices(ctx, id, [promptIds], req, arrivalMs);
   const created = unixSeconds();
   const model = ctx.servedModelName;
+  const parser = ctx.reasoningParser;
+  const start = parser === null ? null : reasoningStart(parser, prompt);
+  const newOutput = (): ChatChoiceOutput => new ChatChoiceOutput(start === null ? null : new ReasoningSplitter(start));
+  /** The message fields a piece of output fills (reasoning_content only with a reasoning parser). */
+  const messageFields = (piece: ChatPiece, final: boolean): Record<string, unknown> => {
+    const fields: Record<string, unknown> = {};
+    if (!final) {
+      if (piece.content !== "") fields.content = piece.content;
+      if (piece.reasoning !== "" && req.includeReasoning) fields.reasoning_content = piece.reasoning;
+      return fields;
+    }
+    if (start === null) return { content: piece.content };
+    fields.content = piece.content === "" ? null : piece.content;
+    fields.reasoning_content = piece.reasoning === "" || !req.includeReasoning ? null : piece.reasoning;
+    return fields;
+  };
 
   if (req.stream) {
+    const outputs = new Map<number, ChatChoiceOutput>(specs.map((spec) => [spec.index, newOutput()]));
     const chunk = (choices: object[], extra: object = {}, usage?: Usage): object => ({
       id,
       object: "chat.completion.chunk",
@@ -104,9 +124,13 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
           ),
         ),
       delta(index, delta) {
+        const output = outputs.get(index) as ChatChoiceOutput;
+        let piece = output.push(delta.text);
+        if (delta.finishReason !== null) piece = joinPieces(piece, output.finish());
+        if (delta.finishReason === null && isEmptyPiece(piece)) return null;
         const choice: Record<string, unknown> = {
           index,
-          delta: delta.text === "" ? {} : { content: delta.text },
+          delta: messageFields(piece, false),
           logprobs: delta.logprobs ? chatLogprobs(delta.logprobs) : null,
           finish_reason: delta.finishReason,
         };
@@ -127,9 +151,11 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
     created,
     model,
     choices: result.choices.map((c) => {
+      const output = newOutput();
+      const piece = joinPieces(output.push(c.text), output.finish());
       const choice: Record<string, unknown> = {
         index: c.index,
-        message: { role: "assistant", content: c.text },
+        message: { role: "assistant", ...messageFields(piece, true) },
         logprobs: c.logprobs ? chatLogprobs(c.logprobs) : null,
         finish_reason: c.finishReason satisfies OpenAIFinishReason,
         stop_reason: c.stopReason,

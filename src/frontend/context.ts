@@ -1,5 +1,6 @@
 // What every route needs, built once by the server.
 
+import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
@@ -20,6 +21,8 @@ export interface FrontendContext {
   /** Token ids must be below this. */
   vocabSize: number;
   registry: GenerationRegistry;
+  /** --reasoning-parser: splits chat output into reasoning_content and content; null: off. */
+  reasoningParser: ReasoningParserName | null;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
 }

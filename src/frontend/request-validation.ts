@@ -70,6 +70,8 @@ export interface ChatRequest extends SamplingRequest {
   wantsLogprobs: boolean;
   /** Chat's top_logprobs (0 when not asked). */
   topLogprobs: number;
+  /** vLLM's include_reasoning: false drops reasoning_content (with --reasoning-parser). */
+  includeReasoning: boolean;
 }
 
 export interface GenerateRequest extends SamplingRequest {
@@ -139,6 +141,7 @@ const chatSchema = z.object({
   functions: opt(z.array(z.unknown())),
   tool_choice: z.unknown(),
   response_format: opt(z.object({ type: z.string() }).passthrough()),
+  include_reasoning: opt(bool()),
 });
 
 const generateSchema = z.object({
@@ -364,6 +367,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     chatTemplateKwargs: body.chat_template_kwargs ?? {},
     wantsLogprobs,
     topLogprobs,
+    includeReasoning: body.include_reasoning ?? true,
   };
 }
 

@@ -49,8 +49,11 @@ export interface CollectedGeneration {
 export interface StreamFormat {
   /** Chunks sent before any generated text (chat's role chunks). */
   opening(): object[];
-  /** A chunk for one choice's text made final by one or more steps; tokenIds/logprobs cover all steps since its last chunk. */
-  delta(index: number, delta: GenerationDelta): object;
+  /**
+   * A chunk for one choice's text made final by one or more steps; tokenIds/logprobs cover all steps since its last chunk.
+   * null: nothing to show yet (the format holds the text back); the ids and logprobs travel with the next chunk. Never null with a finish reason.
+   */
+  delta(index: number, delta: GenerationDelta): object | null;
   /** The closing usage-only chunk (stream_options.include_usage). */
   usage(usage: Usage): object;
 }
@@ -223,13 +226,13 @@ export function streamGeneration(
         pendingIds = pendingIds.length === 0 ? delta.tokenIds : pendingIds.concat(delta.tokenIds);
         if (delta.logprobs) pendingLogprobs = pendingLogprobs.concat(delta.logprobs);
         if (delta.text === "" && delta.finishReason === null) return;
-        sse.send(
-          format.delta(spec.index, {
-            ...delta,
-            tokenIds: pendingIds,
-            logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
-          }),
-        );
+        const chunk = format.delta(spec.index, {
+          ...delta,
+          tokenIds: pendingIds,
+          logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
+        });
+        if (chunk === null) return;
+        sse.send(chunk);
         pendingIds = [];
         pendingLogprobs = [];
         if (delta.finishReason === null) return;

@@ -2,6 +2,7 @@
 // that fails reaches the client as an OpenAI-shaped error body.
 
 import Fastify, { type FastifyError, type FastifyInstance } from "fastify";
+import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
 import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
@@ -44,6 +45,8 @@ export interface ServerOptions {
   schedulingPolicy?: "fcfs" | "priority";
   /** The engine's waiting-queue length (for the bound); default 0. */
   numWaiting?: () => number;
+  /** --reasoning-parser (default none). */
+  reasoningParser?: ReasoningParserName | null;
 }
 
 export interface BatonServer {
@@ -86,6 +89,7 @@ export function buildServer(options: ServerOptions): BatonServer {
     vocabSize: options.vocabSize,
     registry,
     unavailableReason: () => unavailable,
+    reasoningParser: options.reasoningParser ?? null,
   };
   const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
 

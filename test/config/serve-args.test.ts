@@ -43,7 +43,14 @@ describe("parseServeArgs", () => {
       asyncScheduling: true,
       schedulingPolicy: "fcfs",
       engineThread: true,
+      reasoningParser: null,
     });
+  });
+
+  test("--reasoning-parser", () => {
+    assert.equal(parseServeArgs(["--reasoning-parser", "qwen3"]).options.reasoningParser, "qwen3");
+    assert.equal(parseServeArgs(["--reasoning_parser=deepseek_r1"]).options.reasoningParser, "deepseek_r1");
+    assert.throws(() => parseServeArgs(["--reasoning-parser", "granite"]), /choose from qwen3, deepseek_r1/);
   });
 
   test("--no-async-scheduling and --scheduling-policy", () => {
