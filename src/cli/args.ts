@@ -5,6 +5,7 @@ import { parseArgs } from "node:util";
 import type { Device, Dtype, LoadFormat } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
+import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
 
 export type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
@@ -49,6 +50,10 @@ export interface ServeOptions {
   maxRequestBodyBytes: number;
   /** --reasoning-parser: split chat output into reasoning_content and content; null: off. */
   reasoningParser: ReasoningParserName | null;
+  /** --tool-call-parser: how tool_choice "auto" reads the model's calls; null: none. */
+  toolCallParser: ToolCallParserName | null;
+  /** --enable-auto-tool-choice: tool_choice "auto" (the default when tools are given) is served. */
+  enableAutoToolChoice: boolean;
 }
 
 export const SERVE_DEFAULTS = {
@@ -92,6 +97,8 @@ const SERVE_FLAGS = {
   "max-num-queued-requests": { type: "string" },
   "max-request-body-bytes": { type: "string" },
   "reasoning-parser": { type: "string" },
+  "tool-call-parser": { type: "string" },
+  "enable-auto-tool-choice": { type: "boolean" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -185,6 +192,10 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
   if (port > 65535) throw new UsageError(`invalid value '${values.port}' for --port: must be at most 65535`);
   const apiKey = values["api-key"] ?? env.BATON_API_KEY ?? null;
   if (apiKey !== null && apiKey.trim() === "") throw new UsageError("--api-key (or BATON_API_KEY) must not be empty");
+  const toolCallParser = values["tool-call-parser"] === undefined ? null : choice(values["tool-call-parser"], "tool-call-parser", TOOL_CALL_PARSERS, "hermes");
+  if (values["enable-auto-tool-choice"] === true && toolCallParser === null) {
+    throw new UsageError("--enable-auto-tool-choice needs --tool-call-parser");
+  }
   const seed = values.seed === undefined ? SERVE_DEFAULTS.seed : Number(values.seed);
   if (!Number.isSafeInteger(seed)) throw new UsageError(`invalid value '${values.seed}' for --seed: expected an integer`);
   return {
@@ -213,6 +224,8 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
       maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
       reasoningParser: values["reasoning-parser"] === undefined ? null : choice(values["reasoning-parser"], "reasoning-parser", REASONING_PARSERS, "qwen3"),
+      toolCallParser,
+      enableAutoToolChoice: values["enable-auto-tool-choice"] === true,
     },
   };
 }
@@ -260,6 +273,9 @@ Options (vLLM's names; --flag value or --flag=value):
   --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)
   --reasoning-parser qwen3|deepseek_r1   split <think>...</think> out of chat answers into
                                    reasoning_content (message and streamed delta)
+  --enable-auto-tool-choice        serve tool_choice "auto" (the default when tools are given):
+                                   the model's own calls are parsed out of its answer
+  --tool-call-parser hermes|llama3_json|mistral|qwen3_coder   the model's tool-call format
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

@@ -187,6 +187,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     bodyLimitBytes: options.maxRequestBodyBytes,
     schedulingPolicy: options.schedulingPolicy,
     reasoningParser: options.reasoningParser,
+    toolCallParser: options.toolCallParser,
+    enableAutoToolChoice: options.enableAutoToolChoice,
     numWaiting: () => liveEngine.stats.numWaiting,
   });
   const liveServer = server;

@@ -4,9 +4,9 @@
 
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { ReasoningSplitter, reasoningStart } from "../reasoning/reasoning-parser.js";
 import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
-import { ChatChoiceOutput, isEmptyPiece, joinPieces, type ChatPiece } from "./chat-output.js";
+import { ChatAnswer, checkToolChoice } from "./chat-answer.js";
+import type { ChatChoiceOutput } from "./chat-output.js";
 import { clampLogprob } from "./completions.js";
 import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason, ResolvedLogprob } from "./generation.js";
@@ -24,6 +24,7 @@ import {
   type Usage,
 } from "./run-generation.js";
 import { utf8Bytes } from "./token-strings.js";
+import { withParsedToolArguments } from "./tool-request.js";
 
 export interface ChatRenderRequest {
   messages: TemplateMessage[];
@@ -79,33 +80,25 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize });
   checkModel(ctx, req.model);
   checkAvailable(ctx);
-  const prompt = renderChatPrompt(ctx, req);
+  checkToolChoice(ctx, req);
+  const tools = req.tools.templateTools;
+  const prompt = renderChatPrompt(ctx, {
+    ...req,
+    messages: withParsedToolArguments(req.messages),
+    chatTemplateKwargs: tools.length > 0 ? { ...req.chatTemplateKwargs, tools } : req.chatTemplateKwargs,
+  });
   // The template writes special tokens (BOS included) as text; adding them again would double them.
   const promptIds = await ctx.tokenizer.encode(prompt, false);
   if (promptIds.length === 0) throw badRequest("the rendered chat prompt is empty", "messages");
+  const answer = new ChatAnswer(ctx, req, prompt);
+  const genReq = answer.generationRequest;
   const id = newRequestId("chatcmpl");
-  const specs = buildChoices(ctx, id, [promptIds], req, arrivalMs);
+  const specs = buildChoices(ctx, id, [promptIds], genReq, arrivalMs);
   const created = unixSeconds();
   const model = ctx.servedModelName;
-  const parser = ctx.reasoningParser;
-  const start = parser === null ? null : reasoningStart(parser, prompt);
-  const newOutput = (): ChatChoiceOutput => new ChatChoiceOutput(start === null ? null : new ReasoningSplitter(start));
-  /** The message fields a piece of output fills (reasoning_content only with a reasoning parser). */
-  const messageFields = (piece: ChatPiece, final: boolean): Record<string, unknown> => {
-    const fields: Record<string, unknown> = {};
-    if (!final) {
-      if (piece.content !== "") fields.content = piece.content;
-      if (piece.reasoning !== "" && req.includeReasoning) fields.reasoning_content = piece.reasoning;
-      return fields;
-    }
-    if (start === null) return { content: piece.content };
-    fields.content = piece.content === "" ? null : piece.content;
-    fields.reasoning_content = piece.reasoning === "" || !req.includeReasoning ? null : piece.reasoning;
-    return fields;
-  };
 
   if (req.stream) {
-    const outputs = new Map<number, ChatChoiceOutput>(specs.map((spec) => [spec.index, newOutput()]));
+    const outputs = new Map<number, ChatChoiceOutput>(specs.map((spec) => [spec.index, answer.newChoice()]));
     const chunk = (choices: object[], extra: object = {}, usage?: Usage): object => ({
       id,
       object: "chat.completion.chunk",
@@ -124,40 +117,42 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
           ),
         ),
       delta(index, delta) {
-        const output = outputs.get(index) as ChatChoiceOutput;
-        let piece = output.push(delta.text);
-        if (delta.finishReason !== null) piece = joinPieces(piece, output.finish());
-        if (delta.finishReason === null && isEmptyPiece(piece)) return null;
-        const choice: Record<string, unknown> = {
-          index,
-          delta: messageFields(piece, false),
-          logprobs: delta.logprobs ? chatLogprobs(delta.logprobs) : null,
-          finish_reason: delta.finishReason,
-        };
-        if (delta.finishReason !== null) choice.stop_reason = delta.stopReason;
-        if (req.returnTokenIds) choice.token_ids = delta.tokenIds;
-        return chunk([choice]);
+        const shown = answer.deltas(outputs.get(index) as ChatChoiceOutput, delta.text, delta.finishReason);
+        if (shown === null) return null;
+        // The step's logprobs and ids go with its first chunk, the finish reason with its last.
+        return shown.deltas.map((fields, k) => {
+          const first = k === 0;
+          const last = k === shown.deltas.length - 1;
+          const choice: Record<string, unknown> = {
+            index,
+            delta: fields,
+            logprobs: first && delta.logprobs ? chatLogprobs(delta.logprobs) : null,
+            finish_reason: last ? shown.finishReason : null,
+          };
+          if (last && delta.finishReason !== null) choice.stop_reason = delta.stopReason;
+          if (req.returnTokenIds) choice.token_ids = first ? delta.tokenIds : [];
+          return chunk([choice]);
+        });
       },
       usage: (usage) => chunk([], {}, usage),
     };
-    streamGeneration(ctx, specs, req, format, reply);
+    streamGeneration(ctx, specs, genReq, format, reply);
     return reply;
   }
 
-  const result = await collectGeneration(ctx, specs, req, reply);
+  const result = await collectGeneration(ctx, specs, genReq, reply);
   return {
     id,
     object: "chat.completion",
     created,
     model,
     choices: result.choices.map((c) => {
-      const output = newOutput();
-      const piece = joinPieces(output.push(c.text), output.finish());
+      const { message, finishReason } = answer.message(c.text, c.finishReason satisfies OpenAIFinishReason);
       const choice: Record<string, unknown> = {
         index: c.index,
-        message: { role: "assistant", ...messageFields(piece, true) },
+        message,
         logprobs: c.logprobs ? chatLogprobs(c.logprobs) : null,
-        finish_reason: c.finishReason satisfies OpenAIFinishReason,
+        finish_reason: finishReason,
         stop_reason: c.stopReason,
       };
       if (req.returnTokenIds) choice.token_ids = c.tokenIds;

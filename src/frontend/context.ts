@@ -2,6 +2,7 @@
 
 import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
+import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import type { EngineHandle, GenerationRegistry } from "./generation.js";
@@ -23,6 +24,10 @@ export interface FrontendContext {
   registry: GenerationRegistry;
   /** --reasoning-parser: splits chat output into reasoning_content and content; null: off. */
   reasoningParser: ReasoningParserName | null;
+  /** --tool-call-parser: how tool_choice "auto" reads the model's calls; null: none. */
+  toolCallParser: ToolCallParserName | null;
+  /** --enable-auto-tool-choice. */
+  enableAutoToolChoice: boolean;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
 }

@@ -9,6 +9,7 @@ import { z } from "zod";
 import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
 import { badRequest, type ApiError } from "./openai-error.js";
+import { parseToolRequest, type ToolRequest } from "./tool-request.js";
 
 export interface ValidationLimits {
   /** Token ids must be below this (the model's vocabulary size). */
@@ -72,6 +73,8 @@ export interface ChatRequest extends SamplingRequest {
   topLogprobs: number;
   /** vLLM's include_reasoning: false drops reasoning_content (with --reasoning-parser). */
   includeReasoning: boolean;
+  /** tools, tool_choice, parallel_tool_calls. */
+  tools: ToolRequest;
 }
 
 export interface GenerateRequest extends SamplingRequest {
@@ -142,6 +145,7 @@ const chatSchema = z.object({
   tool_choice: z.unknown(),
   response_format: opt(z.object({ type: z.string() }).passthrough()),
   include_reasoning: opt(bool()),
+  parallel_tool_calls: opt(bool()),
 });
 
 const generateSchema = z.object({
@@ -234,14 +238,11 @@ function checkTokenIds(ids: readonly number[], param: string, limits: Validation
 }
 
 /** Known parameters that would change the result but are not implemented. */
-function refuseUnsupported(body: SamplingBody & { tools?: unknown[] | null; functions?: unknown[] | null; response_format?: { type: string } | null }, n: number): void {
+function refuseUnsupported(body: SamplingBody & { functions?: unknown[] | null; response_format?: { type: string } | null }, n: number): void {
   if (body.best_of != null && body.best_of !== n) throw badRequest(`best_of must equal n (${n}); best_of > n is not supported`, "best_of");
   if (body.suffix != null && body.suffix !== "") throw badRequest("suffix is not supported", "suffix");
   if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) throw badRequest("logit_bias is not supported yet", "logit_bias");
-  for (const name of ["tools", "functions"] as const) {
-    const value = body[name];
-    if (value != null && value.length > 0) throw badRequest(`${name} are not supported yet`, name);
-  }
+  if (body.functions != null && body.functions.length > 0) throw badRequest("functions are not supported; use tools", "functions");
   const format = body.response_format;
   if (format != null && format.type !== "text") throw badRequest(`response_format ${JSON.stringify(format.type)} is not supported (only "text")`, "response_format.type");
 }
@@ -368,6 +369,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     wantsLogprobs,
     topLogprobs,
     includeReasoning: body.include_reasoning ?? true,
+    tools: parseToolRequest(body),
   };
 }
 

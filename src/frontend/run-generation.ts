@@ -52,8 +52,9 @@ export interface StreamFormat {
   /**
    * A chunk for one choice's text made final by one or more steps; tokenIds/logprobs cover all steps since its last chunk.
    * null: nothing to show yet (the format holds the text back); the ids and logprobs travel with the next chunk. Never null with a finish reason.
+   * A list: several chunks in order (chat sends each tool-call delta in its own chunk).
    */
-  delta(index: number, delta: GenerationDelta): object | null;
+  delta(index: number, delta: GenerationDelta): object | object[] | null;
   /** The closing usage-only chunk (stream_options.include_usage). */
   usage(usage: Usage): object;
 }
@@ -232,7 +233,8 @@ export function streamGeneration(
           logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
         });
         if (chunk === null) return;
-        sse.send(chunk);
+        if (Array.isArray(chunk)) for (const c of chunk) sse.send(c);
+        else sse.send(chunk);
         pendingIds = [];
         pendingLogprobs = [];
         if (delta.finishReason === null) return;

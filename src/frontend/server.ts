@@ -4,6 +4,7 @@
 import Fastify, { type FastifyError, type FastifyInstance } from "fastify";
 import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
+import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
@@ -47,6 +48,10 @@ export interface ServerOptions {
   numWaiting?: () => number;
   /** --reasoning-parser (default none). */
   reasoningParser?: ReasoningParserName | null;
+  /** --tool-call-parser (default none). */
+  toolCallParser?: ToolCallParserName | null;
+  /** --enable-auto-tool-choice (default off). */
+  enableAutoToolChoice?: boolean;
 }
 
 export interface BatonServer {
@@ -90,6 +95,8 @@ export function buildServer(options: ServerOptions): BatonServer {
     registry,
     unavailableReason: () => unavailable,
     reasoningParser: options.reasoningParser ?? null,
+    toolCallParser: options.toolCallParser ?? null,
+    enableAutoToolChoice: options.enableAutoToolChoice ?? false,
   };
   const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
 

@@ -143,7 +143,29 @@ describe("chat completions: 400 for bad parameters", () => {
     ["image content", { messages: [{ role: "user", content: [{ type: "image_url" }] }] }, /not supported/, "messages[0].content[0]"],
     ["max_completion_tokens negative", { max_completion_tokens: -1 }, /max_completion_tokens must be at least 1/, "max_completion_tokens"],
     ["chat_template_kwargs a list", { chat_template_kwargs: [] }, /chat_template_kwargs must be an object/, "chat_template_kwargs"],
-    ["tools", { tools: [{ type: "function" }] }, /tools are not supported/, "tools"],
+    ["a tool without a function", { tools: [{ type: "function" }] }, /tools\[0\]\.function must be an object/, "tools[0].function"],
+    ["a tool name with spaces", { tools: [{ type: "function", function: { name: "get weather" } }] }, /1 to 64 letters/, "tools[0].function.name"],
+    [
+      "a function given twice",
+      { tools: [{ type: "function", function: { name: "f" } }, { type: "function", function: { name: "f" } }] },
+      /given twice/,
+      "tools[1].function.name",
+    ],
+    [
+      "a named tool_choice not among tools",
+      { tools: [{ type: "function", function: { name: "f" } }], tool_choice: { type: "function", function: { name: "g" } } },
+      /names function "g", which is not among tools \(f\)/,
+      "tool_choice.function.name",
+    ],
+    ["tool_choice required without tools", { tool_choice: "required" }, /needs tools/, "tool_choice"],
+    ["tool_choice an unknown word", { tools: [{ type: "function", function: { name: "f" } }], tool_choice: "any" }, /must be "none", "auto"/, "tool_choice"],
+    [
+      "tools (auto by default) on a server without --enable-auto-tool-choice",
+      { tools: [{ type: "function", function: { name: "f" } }] },
+      /"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser/,
+      "tool_choice",
+    ],
+    ["legacy functions", { functions: [{ name: "f" }] }, /functions are not supported; use tools/, "functions"],
   ];
   for (const [name, patch, message, param] of cases) {
     test(name, async () => {
