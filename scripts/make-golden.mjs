@@ -224,7 +224,13 @@ const vectors = {
       new_block_counts: [1, 1, 2],
       new_block_ids: [40, 41, 42, 43],
       sample: [1, 1, 0],
+      mask_rows: [1],
     },
+  },
+  // The mask of step 17's second sampled row, over a 40-token vocabulary: tokens 0, 5, 31 and 39.
+  step_mask: {
+    message: "StepMask",
+    value: { step_id: 17, bitmask: [-2147483615, 128] },
   },
   // A step with no work (engine idle tick / drain): every array empty.
   step_empty: {
@@ -239,6 +245,7 @@ const vectors = {
       new_block_counts: [],
       new_block_ids: [],
       sample: [],
+      mask_rows: [],
     },
   },
   // Canonical numbers at the edges: 2^32-1 is uint32, a seed of 2^33 and
@@ -262,6 +269,7 @@ const vectors = {
       new_block_counts: [1],
       new_block_ids: [0],
       sample: [1],
+      mask_rows: [],
     },
   },
   ping: { message: "Ping", value: { nonce: 123456 } },

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "Step", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
 PROTOCOL_VERSION = 2
 
@@ -66,7 +66,9 @@ class Step:
 
     new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
 
-    sample[i] = 1: sample one token from the last position of row i and append it to the request's token list."""
+    sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
+
+    mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made)."""
 
     step_id: int
     added: list[AddedRequest]
@@ -77,6 +79,15 @@ class Step:
     new_block_counts: np.ndarray
     new_block_ids: np.ndarray
     sample: np.ndarray
+    mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+@dataclass
+class StepMask:
+    """bitmask: len(mask_rows) rows of ceil(vocab_size / 32) words; bit j of word w of row r allows token 32 * w + j for sampled row mask_rows[r] (xgrammar's layout). Every other token's logit becomes -inf before sampling (and before logprobs are taken)."""
+
+    step_id: int
+    bitmask: np.ndarray
 
 
 @dataclass
@@ -136,7 +147,7 @@ class Fatal:
 
 
 STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings}
-MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
+MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
 FieldSpec = tuple[str, str, bool, str | None]
@@ -181,6 +192,15 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("new_block_counts", "i32[]", False, None),
             ("new_block_ids", "i32[]", False, None),
             ("sample", "u8[]", False, None),
+            ("mask_rows", "i32[]", False, None),
+        ),
+    ),
+    "StepMask": (
+        "step_mask",
+        "engine",
+        (
+            ("step_id", "int", False, None),
+            ("bitmask", "i32[]", False, None),
         ),
     ),
     "Ping": (

@@ -14,6 +14,7 @@ import { buildServer, type BatonServer } from "../frontend/server.js";
 import { serviceUnavailable } from "../frontend/openai-error.js";
 import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
+import { GrammarService } from "../structured/grammar-service.js";
 import { WorkerStartError } from "../worker/types.js";
 import type { ServeOptions } from "./args.js";
 import { createLogger, type Logger } from "../observability/logger.js";
@@ -21,6 +22,8 @@ import { BatonMetrics } from "../observability/metrics.js";
 import { ProgressBar } from "../observability/progress.js";
 
 export const DEMO_MODEL_NAME = "baton-demo";
+/** Compiled grammars the grammar thread keeps. */
+const GRAMMAR_CACHE_SIZE = 64;
 /** How long shutdown waits for open connections before moving on. */
 const CLOSE_TIMEOUT_MS = 5_000;
 
@@ -132,6 +135,17 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
 
   // A progress bar for weight loading, only where a person watches.
   const progressBar = process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr) : null;
+  // The grammar engine (structured output, forced tool calls) starts while the weights load.
+  let grammars: GrammarService | null = GrammarService.start({
+    tokenizerPath: info.tokenizerPath,
+    vocabSize: info.vocabSize ?? tokenizer.vocabSize,
+    stopTokenIds: eosIds(info, tokenizer),
+    cacheSize: GRAMMAR_CACHE_SIZE,
+  });
+  const grammarCheck = grammars.compile({ kind: "json_object", source: "" }).then(
+    () => null,
+    (error: unknown) => (error as Error).message,
+  );
   try {
     engine = await startServingEngine({
       worker: {
@@ -154,6 +168,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       },
       engineThread: options.engineThread,
       signal: starting.signal,
+      grammar: grammars,
     });
     progressBar?.finish();
   } catch (error) {
@@ -171,6 +186,13 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   }
 
   const ready = engine.ready;
+  const grammarProblem =
+    ready.vocab_size !== grammars.vocabSize ? `the model's logits have ${ready.vocab_size} entries, the grammar engine expected ${grammars.vocabSize}` : await grammarCheck;
+  if (grammarProblem !== null) {
+    log(`structured outputs are off: ${grammarProblem}`, "warn");
+    await grammars.close();
+    grammars = null;
+  }
   server = buildServer({
     engine,
     tokenizer,
@@ -189,6 +211,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     reasoningParser: options.reasoningParser,
     toolCallParser: options.toolCallParser,
     enableAutoToolChoice: options.enableAutoToolChoice,
+    grammars,
     numWaiting: () => liveEngine.stats.numWaiting,
   });
   const liveServer = server;

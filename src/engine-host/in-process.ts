@@ -6,6 +6,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { EngineCore, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import { compileModelGraph } from "../graph/compile.js";
 import { checkServableGraph } from "./servable-graph.js";
+import { stepMasks } from "../structured/engine-link.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -39,7 +40,9 @@ export class InProcessEngine implements ServingEngine {
     const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
     try {
       checkServableGraph(compileModelGraph(ready.graph));
-      return new InProcessEngine(new EngineCore(wrap(worker), config), worker, config);
+      const grammar = options.grammar ?? null;
+      const masks = stepMasks(grammar === null ? null : { port: grammar.connectPort(), vocabSize: grammar.vocabSize }, ready.vocab_size);
+      return new InProcessEngine(new EngineCore(wrap(worker), config, { masks }), worker, config);
     } catch (error) {
       await worker.shutdown().catch(() => {});
       throw new EngineStartError(`cannot start the engine: ${(error as Error).message}`);

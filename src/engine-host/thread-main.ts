@@ -18,6 +18,7 @@ import { WorkerStartError, type WorkerClient } from "../worker/types.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitMessage } from "./messages.js";
 import { stopEngine } from "./in-process.js";
 import { StepRecorder } from "./step-recorder.js";
+import { stepMasks } from "../structured/engine-link.js";
 
 const port = parentPort;
 if (port === null) throw new Error("engine-host/thread-main.js runs only as a worker thread");
@@ -116,7 +117,7 @@ async function start(): Promise<void> {
   if (recorder !== null) recorder.recording = true;
   try {
     checkServableGraph(compileModelGraph(ready.graph));
-    core = new EngineCore(recorder ?? started, config);
+    core = new EngineCore(recorder ?? started, config, { masks: stepMasks(init.grammar ?? null, ready.vocab_size) });
   } catch (error) {
     await started.shutdown().catch(() => {});
     post({ kind: "start-failed", stage: "engine", message: `cannot start the engine: ${(error as Error).message}`, exit: null });

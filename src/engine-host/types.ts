@@ -4,6 +4,7 @@
 import type { EngineConfig } from "../engine/engine-core.js";
 import type { EngineHandle } from "../frontend/generation.js";
 import type { EngineStatsSource } from "../observability/metrics.js";
+import type { GrammarService } from "../structured/grammar-service.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
 
@@ -28,6 +29,8 @@ export interface ServingEngineOptions {
   engineThread?: boolean;
   /** Aborting it while the worker loads stops the start (it then rejects). */
   signal?: AbortSignal;
+  /** Structured output: the grammar thread the engine core asks for token masks (absent: requests with a grammar are refused). */
+  grammar?: GrammarService | null;
 }
 
 /** The engine could start its worker but not itself (e.g. a configuration the worker's Ready contradicts). */

@@ -2,6 +2,7 @@
 // request has tokens it knows (prompt + outputs) and a count of tokens whose
 // KV is computed; each step gives it tokens so the count catches up.
 
+import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
 import type { EngineRequest, OutputCallback, StopConditions } from "./types.js";
 
@@ -17,6 +18,8 @@ export class Request {
   readonly priority: number;
   readonly arrivalMs: number;
   readonly onOutput: OutputCallback;
+  /** Structured output: the grammar of its answer (null: unconstrained). */
+  readonly grammar: RequestGrammar | null;
 
   readonly numPromptTokens: number;
   /** Prompt followed by every sampled token: what the worker is told when the request is added. */
@@ -53,6 +56,7 @@ export class Request {
     this.priority = req.priority;
     this.arrivalMs = req.arrivalMs;
     this.onOutput = onOutput;
+    this.grammar = req.grammar ?? null;
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();
   }

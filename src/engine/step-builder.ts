@@ -8,6 +8,8 @@ import type { AddedRequest, StepMessage } from "../transport/messages.js";
 import type { Request } from "./request.js";
 import type { SchedulerOutput } from "./scheduler.js";
 
+const NO_MASK_ROWS = new Int32Array(0);
+
 export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMessage {
   const numRows = out.requests.length;
   let numNewBlocks = 0;
@@ -49,6 +51,8 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     new_block_counts: newBlockCounts,
     new_block_ids: newBlockIds,
     sample,
+    // Grammar-constrained rows are marked by the engine core after building (structured/step-masks.ts).
+    mask_rows: NO_MASK_ROWS,
   };
 }
 

@@ -4,7 +4,9 @@
 // streamed one, and the finish reason ("tool_calls" once a choice called a
 // tool and stopped).
 
-import { ReasoningSplitter, reasoningStart, type ReasoningStart } from "../reasoning/reasoning-parser.js";
+import { ReasoningSplitter, reasoningStart, THINK_END, THINK_START, type ReasoningStart } from "../reasoning/reasoning-parser.js";
+import type { RequestGrammar } from "../structured/answer-phase.js";
+import { NamedCallParser, RequiredCallsParser } from "../tool-parsers/forced.js";
 import { ToolCallEmitter } from "../tool-parsers/tool-call.js";
 import { createToolCallParser, toolCallIdStyle } from "../tool-parsers/tool-parser.js";
 import { ChatChoiceOutput, isEmptyPiece, joinPieces, toolCallsOf, type ChatPiece } from "./chat-output.js";
@@ -12,6 +14,7 @@ import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason } from "./generation.js";
 import { badRequest } from "./openai-error.js";
 import type { ChatRequest } from "./request-validation.js";
+import type { ToolChoice } from "./tool-request.js";
 
 export type ChatFinishReason = OpenAIFinishReason | "tool_calls";
 
@@ -21,13 +24,12 @@ export function checkToolChoice(ctx: FrontendContext, req: ChatRequest): void {
   if (choice.kind === "auto" && (!ctx.enableAutoToolChoice || ctx.toolCallParser === null)) {
     throw badRequest('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set', "tool_choice");
   }
-  if (choice.kind === "required" || choice.kind === "named") {
-    throw badRequest(`tool_choice ${choice.kind === "named" ? "naming a function" : '"required"'} is not supported yet`, "tool_choice");
-  }
 }
 
 export class ChatAnswer {
   private readonly start: ReasoningStart | null;
+  /** How the answer's tool calls are read: the model's own format (auto), or the shape a forced choice's grammar gives it. */
+  private readonly tools: ToolChoice["kind"];
   /** Whether the answer is parsed for tool calls in the model's own format. */
   readonly parsesToolCalls: boolean;
 
@@ -37,7 +39,22 @@ export class ChatAnswer {
     prompt: string,
   ) {
     this.start = ctx.reasoningParser === null ? null : reasoningStart(ctx.reasoningParser, prompt);
-    this.parsesToolCalls = req.tools.toolChoice.kind === "auto" && ctx.toolCallParser !== null;
+    this.tools = req.tools.toolChoice.kind;
+    this.parsesToolCalls = this.tools === "auto" && ctx.toolCallParser !== null;
+  }
+
+  /**
+   * Where a grammar starts in the output: after the thinking, when a
+   * reasoning parser expects some (structured output is for the answer).
+   */
+  grammarReasoning(): RequestGrammar["reasoning"] {
+    if (this.start === null || this.start === "content") return null;
+    const startTokenId = this.ctx.tokenizer.tokenToId(THINK_START);
+    const endTokenId = this.ctx.tokenizer.tokenToId(THINK_END);
+    if (startTokenId === null || endTokenId === null) {
+      throw badRequest(`structured output with --reasoning-parser needs ${THINK_START} and ${THINK_END} to be tokens of the model's vocabulary`);
+    }
+    return { start: this.start, startTokenId, endTokenId };
   }
 
   /**
@@ -52,8 +69,11 @@ export class ChatAnswer {
   newChoice(): ChatChoiceOutput {
     const reasoning = this.start === null ? null : new ReasoningSplitter(this.start);
     const parserName = this.ctx.toolCallParser;
+    const emitter = new ToolCallEmitter(parserName === null ? "openai" : toolCallIdStyle(parserName), this.req.tools.parallelToolCalls);
+    const choice = this.req.tools.toolChoice;
+    if (choice.kind === "named") return new ChatChoiceOutput(reasoning, new NamedCallParser(emitter, choice.name));
+    if (choice.kind === "required") return new ChatChoiceOutput(reasoning, new RequiredCallsParser(emitter));
     if (!this.parsesToolCalls || parserName === null) return new ChatChoiceOutput(reasoning, null);
-    const emitter = new ToolCallEmitter(toolCallIdStyle(parserName), this.req.tools.parallelToolCalls);
     return new ChatChoiceOutput(reasoning, createToolCallParser(parserName, emitter, this.req.tools.functions));
   }
 
@@ -82,14 +102,15 @@ export class ChatAnswer {
     const piece: ChatPiece = joinPieces(output.push(text), output.finish());
     const message: Record<string, unknown> = { role: "assistant" };
     const calls = toolCallsOf(piece);
-    if (this.start === null && !this.parsesToolCalls) message.content = piece.content;
+    if (this.start === null && this.tools === "none") message.content = piece.content;
     else message.content = piece.content === "" && (calls.length > 0 || this.start !== null) ? null : piece.content;
     if (this.start !== null) message.reasoning_content = piece.reasoning === "" || !this.req.includeReasoning ? null : piece.reasoning;
     if (calls.length > 0) message.tool_calls = calls;
     return { message, finishReason: this.finishReason(output, finishReason) };
   }
 
+  /** "tool_calls" once the choice called a tool and stopped; a call forced by name stops with "stop", as OpenAI's do. */
   private finishReason(output: ChatChoiceOutput, reason: OpenAIFinishReason): ChatFinishReason {
-    return reason === "stop" && output.numToolCalls > 0 ? "tool_calls" : reason;
+    return reason === "stop" && output.numToolCalls > 0 && this.tools !== "named" ? "tool_calls" : reason;
   }
 }

@@ -24,6 +24,7 @@ import {
   type Usage,
 } from "./run-generation.js";
 import { utf8Bytes } from "./token-strings.js";
+import { attachGrammar, compileRequestGrammar, toolChoiceGrammar } from "./structured-output.js";
 import { withParsedToolArguments } from "./tool-request.js";
 
 export interface ChatRenderRequest {
@@ -81,6 +82,12 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   checkToolChoice(ctx, req);
+  const forced = toolChoiceGrammar(req.tools.toolChoice, req.tools.functions, req.tools.parallelToolCalls);
+  if (forced !== null && req.structuredOutput !== null) {
+    throw badRequest(`${req.structuredOutput.param} cannot be combined with tool_choice "${req.tools.toolChoice.kind}" (its calls follow a grammar already)`, req.structuredOutput.param);
+  }
+  const grammar = forced ?? req.structuredOutput;
+  if (grammar !== null) await compileRequestGrammar(ctx, grammar, req);
   const tools = req.tools.templateTools;
   const prompt = renderChatPrompt(ctx, {
     ...req,
@@ -94,6 +101,7 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   const genReq = answer.generationRequest;
   const id = newRequestId("chatcmpl");
   const specs = buildChoices(ctx, id, [promptIds], genReq, arrivalMs);
+  if (grammar !== null) attachGrammar(specs, { spec: grammar.spec, reasoning: answer.grammarReasoning() });
   const created = unixSeconds();
   const model = ctx.servedModelName;
 

@@ -5,6 +5,7 @@ import type { ChatTemplate } from "../text/chat-template.js";
 import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
+import type { GrammarCompiling } from "./structured-output.js";
 import type { EngineHandle, GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
@@ -28,6 +29,8 @@ export interface FrontendContext {
   toolCallParser: ToolCallParserName | null;
   /** --enable-auto-tool-choice. */
   enableAutoToolChoice: boolean;
+  /** The grammar engine for structured output; null: such requests get a 400. */
+  grammars: GrammarCompiling | null;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
 }

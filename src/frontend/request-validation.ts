@@ -9,6 +9,7 @@ import { z } from "zod";
 import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
 import { badRequest, type ApiError } from "./openai-error.js";
+import { parseStructuredOutput, type RequestedGrammar } from "./structured-request.js";
 import { parseToolRequest, type ToolRequest } from "./tool-request.js";
 
 export interface ValidationLimits {
@@ -54,6 +55,8 @@ export interface SamplingRequest {
   user: string | null;
   /** Scheduling priority (vLLM): lower first; 0 by default. */
   priority: number;
+  /** Structured output (response_format, structured_outputs, guided_*); null: none. */
+  structuredOutput: RequestedGrammar | null;
 }
 
 export interface CompletionRequest extends SamplingRequest {
@@ -122,6 +125,12 @@ const samplingShape = {
   priority: opt(int()),
   logit_bias: opt(z.record(z.unknown())),
   suffix: opt(z.string()),
+  response_format: opt(z.object({ type: z.string() }).passthrough()),
+  structured_outputs: z.unknown(),
+  guided_json: z.unknown(),
+  guided_regex: z.unknown(),
+  guided_choice: z.unknown(),
+  guided_grammar: z.unknown(),
 };
 
 const completionSchema = z.object({
@@ -143,7 +152,6 @@ const chatSchema = z.object({
   tools: opt(z.array(z.unknown())),
   functions: opt(z.array(z.unknown())),
   tool_choice: z.unknown(),
-  response_format: opt(z.object({ type: z.string() }).passthrough()),
   include_reasoning: opt(bool()),
   parallel_tool_calls: opt(bool()),
 });
@@ -238,13 +246,11 @@ function checkTokenIds(ids: readonly number[], param: string, limits: Validation
 }
 
 /** Known parameters that would change the result but are not implemented. */
-function refuseUnsupported(body: SamplingBody & { functions?: unknown[] | null; response_format?: { type: string } | null }, n: number): void {
+function refuseUnsupported(body: SamplingBody & { functions?: unknown[] | null }, n: number): void {
   if (body.best_of != null && body.best_of !== n) throw badRequest(`best_of must equal n (${n}); best_of > n is not supported`, "best_of");
   if (body.suffix != null && body.suffix !== "") throw badRequest("suffix is not supported", "suffix");
   if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) throw badRequest("logit_bias is not supported yet", "logit_bias");
   if (body.functions != null && body.functions.length > 0) throw badRequest("functions are not supported; use tools", "functions");
-  const format = body.response_format;
-  if (format != null && format.type !== "text") throw badRequest(`response_format ${JSON.stringify(format.type)} is not supported (only "text")`, "response_format.type");
 }
 
 function parseSampling(
@@ -291,6 +297,7 @@ function parseSampling(
     skipSpecialTokens: body.skip_special_tokens ?? true,
     user: body.user ?? null,
     priority: body.priority ?? 0,
+    structuredOutput: parseStructuredOutput(body),
   };
 }
 

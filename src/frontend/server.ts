@@ -5,6 +5,7 @@ import Fastify, { type FastifyError, type FastifyInstance } from "fastify";
 import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
 import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
+import type { GrammarCompiling } from "./structured-output.js";
 import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
@@ -52,6 +53,8 @@ export interface ServerOptions {
   toolCallParser?: ToolCallParserName | null;
   /** --enable-auto-tool-choice (default off). */
   enableAutoToolChoice?: boolean;
+  /** The grammar engine (structured output); absent: structured output requests get a 400. */
+  grammars?: GrammarCompiling | null;
 }
 
 export interface BatonServer {
@@ -97,6 +100,7 @@ export function buildServer(options: ServerOptions): BatonServer {
     reasoningParser: options.reasoningParser ?? null,
     toolCallParser: options.toolCallParser ?? null,
     enableAutoToolChoice: options.enableAutoToolChoice ?? false,
+    grammars: options.grammars ?? null,
   };
   const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
 

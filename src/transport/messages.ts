@@ -47,6 +47,7 @@ export interface StepTimings {
  * Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
  * new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
  * sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
+ * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
  */
 export interface StepMessage {
   kind: "Step";
@@ -59,6 +60,16 @@ export interface StepMessage {
   new_block_counts: Int32Array;
   new_block_ids: Int32Array;
   sample: Uint8Array;
+  mask_rows: Int32Array;
+}
+
+/**
+ * bitmask: len(mask_rows) rows of ceil(vocab_size / 32) words; bit j of word w of row r allows token 32 * w + j for sampled row mask_rows[r] (xgrammar's layout). Every other token's logit becomes -inf before sampling (and before logprobs are taken).
+ */
+export interface StepMaskMessage {
+  kind: "StepMask";
+  step_id: number;
+  bitmask: Int32Array;
 }
 
 export interface PingMessage {
@@ -118,7 +129,7 @@ export interface FatalMessage {
 }
 
 /** Messages the engine sends. */
-export type EngineToWorkerMessage = StepMessage | PingMessage | ShutdownMessage;
+export type EngineToWorkerMessage = StepMessage | StepMaskMessage | PingMessage | ShutdownMessage;
 /** Messages the worker sends. */
 export type WorkerToEngineMessage = ReadyMessage | StepResultMessage | PongMessage | FatalMessage;
 export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
@@ -166,6 +177,15 @@ export const WIRE_TABLES: WireTables = {
         { name: "new_block_counts", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "new_block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "sample", type: { kind: "u8[]", nullable: false, text: "u8[]" } },
+        { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      ],
+    },
+    StepMask: {
+      tag: "step_mask",
+      from: "engine",
+      fields: [
+        { name: "step_id", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "bitmask", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       ],
     },
     Ping: {

@@ -87,6 +87,7 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     new_block_counts: Int32Array.from([1, 1]),
     new_block_ids: Int32Array.from([4, 5]),
     sample: Uint8Array.from([1, 1]),
+    mask_rows: Int32Array.from([1]),
     ...overrides,
   };
 }

@@ -51,7 +51,9 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     new_block_counts: i32,
     new_block_ids: i32,
     sample: u8,
+    mask_rows: i32,
   }),
+  rec({ kind: fc.constant("StepMask" as const), step_id: int, bitmask: i32 }),
   rec({ kind: fc.constant("Ping" as const), nonce: int }),
   fc.constant({ kind: "Shutdown" as const }),
   rec({

@@ -105,6 +105,7 @@ export function prefillStep(stepId: number, reqId: number, prompt: number[], fir
     new_block_counts: Int32Array.from([blocks]),
     new_block_ids: Int32Array.from({ length: blocks }, (_, i) => firstBlock + i),
     sample: Uint8Array.from([1]),
+    mask_rows: new Int32Array(0),
   };
 }
 
@@ -121,5 +122,6 @@ export function decodeStep(stepId: number, reqId: number, computed: number, remo
     new_block_counts: Int32Array.from([0]),
     new_block_ids: new Int32Array(0),
     sample: Uint8Array.from([1]),
+    mask_rows: new Int32Array(0),
   };
 }
