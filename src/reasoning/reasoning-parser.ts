@@ -12,7 +12,7 @@
 //   {"enable_thinking": false} Qwen3's template writes an empty, closed think
 //   block into the prompt, so the answer is content.
 // For both, a prompt whose last think tag is a closing one (thinking switched
-// off by the template) starts in the content.
+// off by the template) starts in the answer, where think tags are plain text.
 //
 // Text arrives in pieces (one per engine step); tags may be split across them
 // and are held back while incomplete, so a stream never shows part of a tag.
@@ -46,7 +46,7 @@ export type ReasoningStart = "reasoning" | "either" | "content";
 export function reasoningStart(name: ReasoningParserName, prompt: string): ReasoningStart {
   const open = prompt.lastIndexOf(THINK_START);
   const close = prompt.lastIndexOf(THINK_END);
-  if (close > open) return "either";
+  if (close > open) return "content";
   if (open >= 0) return "reasoning";
   return name === "deepseek_r1" ? "reasoning" : "either";
 }

@@ -55,6 +55,23 @@ describe("reasoning parser (deepseek_r1) against the demo model", () => {
     assert.ok(typeof message.content === "string" && message.content.length > 0, JSON.stringify(message));
   });
 
+  test("structured output applies to the answer: with thinking off, the content is the schema's JSON", async () => {
+    const schema = { type: "object", properties: { answer: { type: "string", maxLength: 8 } }, required: ["answer"], additionalProperties: false };
+    const body = {
+      model: MODEL,
+      messages,
+      max_tokens: 100,
+      seed: 2,
+      chat_template_kwargs: { enable_thinking: false },
+      response_format: { type: "json_schema", json_schema: { name: "a", schema } },
+    };
+    const full = await client.chat.completions.create(body as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const message = full.choices[0]?.message as WithReasoning<OpenAI.Chat.ChatCompletionMessage>;
+    assert.equal(message.reasoning_content, null);
+    const value = JSON.parse(message.content ?? "") as { answer: unknown };
+    assert.equal(typeof value.answer, "string");
+  });
+
   test("include_reasoning false drops the reasoning", async () => {
     const body = { model: MODEL, messages, max_tokens: 6, temperature: 0, include_reasoning: false };
     const full = await client.chat.completions.create(body as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);

@@ -75,6 +75,43 @@ describe("tools against the demo model (hermes parser)", () => {
     assert.deepEqual(calls, (choice?.message.tool_calls ?? []).map((c) => (c.type === "function" ? c.function.name : "")));
   });
 
+  test("tool_choice auto: a call the model writes in hermes format (forced here by a regex) is parsed, streamed and not", async () => {
+    const body = {
+      model: MODEL,
+      messages: [{ role: "user" as const, content: "Weather in Oslo?" }],
+      tools: TOOLS,
+      max_tokens: 80,
+      seed: 3,
+      structured_outputs: { regex: 'Checking\\.\\n<tool_call>\\n\\{"name": "get_weather", "arguments": \\{"city": "(Paris|Oslo|Lima)"\\}\\}\\n</tool_call>' },
+    };
+    const full = await client.chat.completions.create(body as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+    const choice = full.choices[0];
+    assert.equal(choice?.finish_reason, "tool_calls");
+    assert.equal(choice?.message.content, "Checking.\n");
+    const call = choice?.message.tool_calls?.[0];
+    assert.ok(call?.type === "function" && call.function.name === "get_weather", JSON.stringify(choice?.message));
+    assert.match(call.function.arguments, /^\{"city": "(Paris|Oslo|Lima)"\}$/);
+
+    const stream = await client.chat.completions.create({ ...(body as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming), stream: true });
+    let content = "";
+    let args = "";
+    const headers: string[] = [];
+    let finish: string | null = null;
+    for await (const chunk of stream) {
+      const delta = chunk.choices[0]?.delta;
+      content += delta?.content ?? "";
+      for (const d of delta?.tool_calls ?? []) {
+        if (d.id !== undefined) headers.push(`${d.index}:${d.type}:${d.function?.name}:${d.function?.arguments}`);
+        else args += d.function?.arguments ?? "";
+      }
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+    }
+    assert.equal(content, "Checking.\n");
+    assert.deepEqual(headers, ["0:function:get_weather:"]);
+    assert.equal(args, call.function.arguments);
+    assert.equal(finish, "tool_calls");
+  });
+
   test("a named tool_choice whose function is not offered is a 400", async () => {
     const { status, body } = await postJson<{ error: { message: string; param: string } }>(`${server?.url}/v1/chat/completions`, {
       model: MODEL,

@@ -166,6 +166,19 @@ describe("chat completions: 400 for bad parameters", () => {
       "tool_choice",
     ],
     ["legacy functions", { functions: [{ name: "f" }] }, /functions are not supported; use tools/, "functions"],
+    ["response_format of an unknown type", { response_format: { type: "xml" } }, /response_format type "xml" is not supported/, "response_format.type"],
+    ["json_schema without a schema", { response_format: { type: "json_schema", json_schema: { name: "x" } } }, /schema is required/, "response_format.json_schema.schema"],
+    ["guided_json that is not JSON", { guided_json: "{not json" }, /guided_json is not valid JSON/, "guided_json"],
+    ["guided_choice empty", { guided_choice: [] }, /non-empty list of non-empty strings/, "guided_choice"],
+    ["structured_outputs with two kinds", { structured_outputs: { regex: "a", choice: ["b"] } }, /takes one of .*got regex and choice/, "structured_outputs"],
+    ["two structured output fields", { response_format: { type: "json_object" }, guided_regex: "a+" }, /one structured output; got response_format and guided_regex/, "guided_regex"],
+    ["structured output on a server without a grammar engine", { guided_regex: "a+" }, /structured outputs are not available/, "guided_regex"],
+    [
+      "a forced tool choice with response_format",
+      { tools: [{ type: "function", function: { name: "f" } }], tool_choice: "required", response_format: { type: "json_object" } },
+      /cannot be combined with tool_choice "required"/,
+      "response_format",
+    ],
   ];
   for (const [name, patch, message, param] of cases) {
     test(name, async () => {

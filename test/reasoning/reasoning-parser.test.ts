@@ -117,13 +117,13 @@ describe("reasoningStart", () => {
   test("deepseek_r1 starts in the reasoning unless the prompt closed the block", () => {
     assert.equal(reasoningStart("deepseek_r1", R1_PROMPT), "reasoning");
     assert.equal(reasoningStart("deepseek_r1", "plain"), "reasoning");
-    assert.equal(reasoningStart("deepseek_r1", "<think>\n\n</think>\n\n"), "either");
+    assert.equal(reasoningStart("deepseek_r1", "<think>\n\n</think>\n\n"), "content");
   });
 
   test("qwen3 starts in the reasoning only when the prompt left <think> open", () => {
     assert.equal(reasoningStart("qwen3", QWEN_PROMPT), "either");
     assert.equal(reasoningStart("qwen3", QWEN_2507_PROMPT), "reasoning");
-    assert.equal(reasoningStart("qwen3", QWEN_NO_THINK_PROMPT), "either");
+    assert.equal(reasoningStart("qwen3", QWEN_NO_THINK_PROMPT), "content");
   });
 });
 
