@@ -20,12 +20,23 @@ def words_per_row(vocab: int) -> int:
 
 
 def unpack_bitmask(bits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 [rows, words] -> bool [rows, vocab]: True where the token is allowed."""
+    """int32 [rows, words] -> bool [rows, vocab]: True where the token is allowed (on bits' device)."""
     shifts = _SHIFTS.get(bits.device)
     if shifts is None:
         shifts = _SHIFTS[bits.device] = torch.arange(32, dtype=torch.int32, device=bits.device)
     allowed = torch.bitwise_and(torch.bitwise_right_shift(bits.unsqueeze(-1), shifts), 1).to(torch.bool)
     return allowed.view(bits.shape[0], -1)[:, :vocab]
+
+
+def banned_on_host(bitmask: np.ndarray, rows: int, vocab: int) -> np.ndarray:
+    """The packed rows -> bool [rows, vocab], True where the token is not allowed.
+
+    numpy's unpackbits reads bytes; in little-endian int32 words, bit j of word
+    w is bit j % 8 of byte 4w + j // 8, so little bit order gives token order.
+    """
+    words = words_per_row(vocab)
+    packed = np.ascontiguousarray(bitmask, dtype="<i4").reshape(rows, words)
+    return np.unpackbits(~packed.view(np.uint8), axis=1, bitorder="little")[:, :vocab].view(np.bool_)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: np.ndarray, bitmask: np.ndarray) -> None:
@@ -42,8 +53,12 @@ def apply_token_bitmask(logits: torch.Tensor, rows: np.ndarray, bitmask: np.ndar
 
 def _apply(logits: torch.Tensor, rows: np.ndarray, bitmask: np.ndarray) -> None:
     vocab = logits.shape[1]
-    bits = torch.from_numpy(np.ascontiguousarray(bitmask, dtype=np.int32).reshape(len(rows), words_per_row(vocab)))
-    banned = ~unpack_bitmask(bits.to(logits.device, non_blocking=True), vocab)
+    if logits.device.type == "cpu":
+        # Unpacking bytes on the host is one numpy pass; torch's shift-and-mask would make a 32x larger int tensor.
+        banned = torch.from_numpy(banned_on_host(bitmask, len(rows), vocab))
+    else:
+        bits = torch.from_numpy(np.ascontiguousarray(bitmask, dtype=np.int32).reshape(len(rows), words_per_row(vocab)))
+        banned = ~unpack_bitmask(bits.to(logits.device, non_blocking=True), vocab)
     if len(rows) == logits.shape[0] and np.array_equal(rows, np.arange(len(rows))):
         logits.masked_fill_(banned, float("-inf"))
     else:

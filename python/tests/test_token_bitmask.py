@@ -13,7 +13,7 @@ from baton_worker.loading import load_worker
 from baton_worker.options import WorkerOptions
 from baton_worker import protocol
 from baton_worker.protocol import AddedRequest, ProtocolError, SamplingParams, Step, StepMask
-from baton_worker.token_bitmask import apply_token_bitmask, unpack_bitmask, words_per_row
+from baton_worker.token_bitmask import apply_token_bitmask, banned_on_host, unpack_bitmask, words_per_row
 from random_models import make_model_dir
 
 
@@ -33,8 +33,10 @@ def test_unpack_is_the_inverse_of_packing(vocab):
     rng = np.random.default_rng(vocab)
     allowed = rng.random((3, vocab)) < 0.3
     allowed[:, -1] = True  # the last (partial-word) token, and the sign bit when vocab % 32 == 0
-    bits = torch.from_numpy(pack(allowed).reshape(3, words_per_row(vocab)))
-    assert torch.equal(unpack_bitmask(bits, vocab), torch.from_numpy(allowed))
+    packed = pack(allowed)
+    # The device path (torch shifts) and the host path (numpy unpackbits) agree with the reference.
+    assert torch.equal(unpack_bitmask(torch.from_numpy(packed.reshape(3, words_per_row(vocab))), vocab), torch.from_numpy(allowed))
+    assert (banned_on_host(packed, 3, vocab) == ~allowed).all()
 
 
 def test_apply_masks_only_the_named_rows_in_place():

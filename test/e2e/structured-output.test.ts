@@ -392,3 +392,36 @@ async function streamText(url: string, body: unknown): Promise<string> {
   }
   return text;
 }
+
+describe("a grammar failure fails its own request only", () => {
+  let server: RunningServer | null = null;
+
+  before(async () => {
+    // dummy-null: no model; each token is the last + 1, whatever the mask says, so the grammar rejects it.
+    server = await startServer([demoModelDir, "--served-model-name", MODEL, "--load-format", "dummy-null"]);
+  });
+
+  after(async () => {
+    assert.equal(await server?.stop(), 0);
+  });
+
+  test("the constrained request ends with an error naming the rejected token; its batch-mates finish", async () => {
+    const url = server?.url ?? "";
+    const constrained = postJson<{ error?: { message: string } }>(`${url}/v1/completions`, {
+      model: MODEL,
+      prompt: "Pick one",
+      max_tokens: 20,
+      guided_choice: ["yes", "no"],
+    });
+    const plain = Array.from({ length: 4 }, (_, i) => postJson<Completion>(`${url}/v1/completions`, { model: MODEL, prompt: `Plain ${i}`, max_tokens: 20, ignore_eos: true }));
+    const failed = await constrained;
+    assert.equal(failed.status, 500);
+    assert.match(failed.body.error?.message ?? "", /structured output: the grammar rejected generated token \d+/);
+    for (const r of await Promise.all(plain)) {
+      assert.equal(r.status, 200);
+      assert.equal(r.body.usage.completion_tokens, 20);
+    }
+    const after = await postJson<Completion>(`${url}/v1/completions`, { model: MODEL, prompt: "Still serving", max_tokens: 5, ignore_eos: true });
+    assert.equal(after.status, 200);
+  });
+});
