@@ -13,7 +13,7 @@ from baton_worker.loading import load_worker
 from baton_worker.options import WorkerOptions
 from baton_worker import protocol
 from baton_worker.protocol import AddedRequest, ProtocolError, SamplingParams, Step, StepMask
-from baton_worker.token_bitmask import apply_token_bitmask, banned_on_host, unpack_bitmask, words_per_row
+from baton_worker.token_bitmask import allowed_on_host, apply_token_bitmask, unpack_bitmask, words_per_row
 from random_models import make_model_dir
 
 
@@ -36,7 +36,7 @@ def test_unpack_is_the_inverse_of_packing(vocab):
     packed = pack(allowed)
     # The device path (torch shifts) and the host path (numpy unpackbits) agree with the reference.
     assert torch.equal(unpack_bitmask(torch.from_numpy(packed.reshape(3, words_per_row(vocab))), vocab), torch.from_numpy(allowed))
-    assert (banned_on_host(packed, 3, vocab) == ~allowed).all()
+    assert (allowed_on_host(packed, 3, vocab) == allowed).all()
 
 
 def test_apply_masks_only_the_named_rows_in_place():
@@ -52,11 +52,17 @@ def test_apply_masks_only_the_named_rows_in_place():
         finite = torch.isfinite(logits[row]).numpy()
         assert (finite == allowed[r]).all()
         assert torch.equal(logits[row][allowed[r]], before[row][allowed[r]])
-    # Every row at once (the common case when all requests are constrained).
+    # Every row at once (the common case when all requests are constrained); kept logits keep their exact bits.
     full = before.clone()
     every = rng.random((4, vocab)) < 0.5
     apply_token_bitmask(full, np.arange(4), pack(every))
     assert (torch.isfinite(full).numpy() == every).all()
+    assert torch.equal(full[torch.from_numpy(every)], before[torch.from_numpy(every)])
+    assert bool((full[~torch.from_numpy(every)] == float("-inf")).all())
+    # Other dtypes take the masked_fill path.
+    half = before.to(torch.bfloat16)
+    apply_token_bitmask(half, np.arange(4), pack(every))
+    assert (torch.isfinite(half).numpy() == every).all()
 
 
 @pytest.fixture(scope="module")

@@ -112,12 +112,12 @@ print(json.dumps(out))
 /** Steps' masks kept per row count for the worker's timing. */
 const MASK_SAMPLES = 10;
 
-export async function runMaskCost(options: { modelDir: string; rows: number[]; steps: number; device: string }): Promise<MaskCostRow[]> {
+export async function runMaskCost(options: { modelDir: string; rows: number[]; steps: number; device: string; regex?: string | null }): Promise<MaskCostRow[]> {
   const info = readModelDir(options.modelDir);
   const vocabSize = info.vocabSize ?? 0;
   if (vocabSize <= 0) throw new Error(`${options.modelDir}/config.json has no vocab_size`);
   const service = GrammarService.start({ tokenizerPath: info.tokenizerPath, vocabSize, stopTokenIds: info.eosTokenIds, cacheSize: 4 });
-  const spec: GrammarSpec = { kind: "json_schema", source: JSON.stringify(MASK_BENCH_SCHEMA) };
+  const spec: GrammarSpec = options.regex ? { kind: "regex", source: options.regex } : { kind: "json_schema", source: JSON.stringify(MASK_BENCH_SCHEMA) };
   const error = await service.compile(spec);
   if (error !== null) throw new Error(`the benchmark schema does not compile: ${error}`);
   const client = service.client();

@@ -64,6 +64,7 @@ Options:
   --rows LIST      comma-separated R values (default 1,32,128)
   --steps N        measured steps per R (default 50)
   --device D       where the worker's part runs: cpu (default) or cuda
+  --regex PATTERN  decode this regular expression instead of the JSON schema
   -h, --help       show this help
 `;
 
@@ -74,6 +75,7 @@ export interface MasksArgs {
   rows: number[];
   steps: number;
   device: "cpu" | "cuda";
+  regex: string | null;
 }
 
 function parseMasksArgs(rest: readonly string[]): MasksArgs {
@@ -83,7 +85,7 @@ function parseMasksArgs(rest: readonly string[]): MasksArgs {
       args: [...rest],
       allowPositionals: true,
       strict: true,
-      options: { rows: { type: "string" }, steps: { type: "string" }, device: { type: "string" }, help: { type: "boolean", short: "h" } },
+      options: { rows: { type: "string" }, steps: { type: "string" }, device: { type: "string" }, regex: { type: "string" }, help: { type: "boolean", short: "h" } },
     });
   } catch (error) {
     throw new UsageError((error as Error).message);
@@ -99,6 +101,7 @@ function parseMasksArgs(rest: readonly string[]): MasksArgs {
     rows: (values.rows ?? "1,32,128").split(",").map((s) => positiveInt(s.trim(), "rows")),
     steps: values.steps === undefined ? 50 : positiveInt(values.steps, "steps"),
     device,
+    regex: values.regex ?? null,
   };
 }
 
@@ -260,7 +263,7 @@ export async function runBench(args: BenchArgs, repoRoot: string): Promise<numbe
       return runOverheadCommand(args, repoRoot);
     case "masks": {
       const modelDir = args.modelDir ?? join(repoRoot, "models", "demo");
-      const results = await runMaskCost({ modelDir, rows: args.rows, steps: args.steps, device: args.device });
+      const results = await runMaskCost({ modelDir, rows: args.rows, steps: args.steps, device: args.device, regex: args.regex });
       process.stdout.write(maskCostTable(results, readModelDir(modelDir).vocabSize));
       return 0;
     }

@@ -18,6 +18,7 @@
 import { parentPort, workerData, type MessagePort } from "node:worker_threads";
 import { choiceGrammar, grammarKey, type GrammarSpec } from "./grammar-spec.js";
 import type { FromGrammarThread, GrammarThreadInit, MaskRow, ToGrammarThread } from "./grammar-messages.js";
+import { rewriteRegexForXGrammar } from "./regex-rewrite.js";
 import { readTokenizerVocab } from "./tokenizer-vocab.js";
 import { captureErrors, loadXGrammar, type CompiledGrammar, type GrammarCompiler, type GrammarMatcher, type XGrammar } from "./xgrammar.js";
 
@@ -67,8 +68,10 @@ async function compileSpec({ xg, compiler }: Engine, spec: GrammarSpec): Promise
           grammar.dispose();
         }
       }
-      case "regex":
-        return compiler.compileStructuralTag(JSON.stringify({ type: "structural_tag", format: { type: "regex", pattern: spec.source } }));
+      case "regex": {
+        const pattern = rewriteRegexForXGrammar(spec.source);
+        return compiler.compileStructuralTag(JSON.stringify({ type: "structural_tag", format: { type: "regex", pattern } }));
+      }
       case "structural_tag":
         return compiler.compileStructuralTag(spec.source);
     }

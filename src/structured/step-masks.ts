@@ -46,8 +46,6 @@ export type FailRequest = (request: Request, message: string) => void;
 
 export class StepMasks {
   private readonly progress = new Map<string, Progress>();
-  /** Mask computation time of recent steps (ms), for benchmarks. */
-  lastMaskMs = 0;
 
   constructor(private readonly client: GrammarClient) {}
 
@@ -98,7 +96,6 @@ export class StepMasks {
     }
     this.client.masks(asked).then(
       (reply) => {
-        this.lastMaskMs = reply.ms;
         at.forEach((r, j) => {
           bits.set(reply.bits.subarray(j * words, (j + 1) * words), r * words);
           const error = reply.errors[j];
