@@ -109,6 +109,8 @@ function fitsType(value, type) {
       return listOf(isInt);
     case "str[]":
       return listOf((x) => typeof x === "string");
+    case "struct[]":
+      return Array.isArray(value) && value.length === 0;
     default:
       return false;
   }
@@ -126,8 +128,10 @@ function parseDefaults(raw, fieldsByName) {
     for (const [name, value] of Object.entries(values)) {
       const field = fields.find((f) => f.name === name);
       if (field === undefined) fail(`${where}.${name}`, `${owner} has no such field`);
+      // A struct's default is nil (when nullable); a struct list's is nil or empty.
+      const emptyList = field.type.kind === "struct[]" && Array.isArray(value) && value.length === 0;
       const isStruct = field.type.kind === "struct" || field.type.kind === "struct[]";
-      if (isStruct && value !== null) fail(`${where}.${name}`, "a struct field's only default is nil (when it is nullable)");
+      if (isStruct && value !== null && !emptyList) fail(`${where}.${name}`, "a struct field's only default is nil (when it is nullable), a struct list's nil or []");
       if (!fitsType(value, field.type)) fail(`${where}.${name}`, `${JSON.stringify(value)} is not a ${field.type.text}`);
     }
     // Python dataclasses (and callers that pass fields by position) need the defaulted fields last.

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Installs everything Baton needs, idempotently: npm packages, the TypeScript
 // build, a Python environment for the model worker, the demo model and the
-// demo text-to-speech model.
+// demo text-to-speech model; and, when it can (root, apt-get), Debian's
+// chromium for the dashboard's browser test.
 //
 //   node scripts/setup.mjs              run every step that is out of date
 //   node scripts/setup.mjs --if-needed  same, but silent when nothing is to do
@@ -15,6 +16,7 @@ import { createHash } from "node:crypto";
 import { existsSync, readFileSync, writeFileSync, statSync, readdirSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { findBrowser } from "./find-browser.mjs";
 
 const root = dirname(dirname(fileURLToPath(import.meta.url)));
 const quiet = process.argv.includes("--if-needed");
@@ -136,9 +138,35 @@ function ensureDemoTTS(stamp) {
   return true;
 }
 
+// Chromium for test/frontend/dashboard.test.ts (skipped without a browser).
+// Only as root with apt-get (CI on Debian); quiet, bounded in time, and never
+// a reason for setup to fail. Tried once per checkout by --if-needed runs;
+// `npm run setup` tries again.
+const APT_TIMEOUT_MS = 300_000;
+
+function ensureBrowser(stamp) {
+  if (findBrowser() !== null) return false;
+  if (quiet && stamp.browserTried) return false;
+  stamp.browserTried = true;
+  const hasApt = spawnSync("apt-get", ["--version"], { stdio: "ignore" }).status === 0;
+  if (process.getuid?.() !== 0 || !hasApt) {
+    log("no Chromium found: the dashboard's browser test will be skipped (install chromium, or set BATON_CHROMIUM)");
+    return false;
+  }
+  log("installing chromium for the dashboard's browser test (apt-get)");
+  const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" };
+  const apt = (args) => spawnSync("apt-get", args, { stdio: "ignore", env, timeout: APT_TIMEOUT_MS }).status === 0;
+  const install = ["install", "-y", "-q", "--no-install-recommends", "chromium"];
+  // Fresh containers have no package lists: update only when the install needs it.
+  const installed = apt(install) || (apt(["update", "-q"]) && apt(install));
+  const found = findBrowser();
+  log(installed && found !== null ? `chromium installed (${found})` : "could not install chromium: the dashboard's browser test will be skipped");
+  return found !== null;
+}
+
 function main() {
   const stamp = readStamp();
-  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS];
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureBrowser];
   let changed = false;
   for (const step of steps) {
     changed = step(stamp) || changed;

@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .models import GRAPH_ARCHITECTURES  # directories the worker loads as graph models instead (loading.py)
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -132,7 +133,8 @@ def load_model_config(model_dir: Path, *, lenient: bool = False) -> ModelConfig:
     architecture = architectures[0] if architectures else None
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(
-            f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}; "
+            f"graph models: {', '.join(GRAPH_ARCHITECTURES)}"
         )
 
     if raw.get("hidden_act", "silu") != "silu":

@@ -8,6 +8,19 @@ Sizing rules:
   cache cannot hold one sequence of that length it is capped to
   num_blocks * block_size if the user did not ask for a length, and is a
   startup error if they did.
+
+Graph models: a directory whose config.json architecture is registered in
+baton_worker.models loads that GraphModel. The worker hosts the nodes --nodes
+names (default: all of them). If one of them is a kv_cache node, its decoder
+(GraphModel.get_kv_model_dir) loads exactly as a plain LLM does, with the same
+options and sizing rules; the stateless ones run under a NodeRunner. Ready's
+graph is the whole model's export, whatever this worker hosts; its
+architecture is the directory's (e.g. BatonDemoTTS), its vocab_size,
+num_blocks and max_model_len the kv_cache node's decoder's. A worker hosting
+no kv_cache node has no KV cache: num_blocks 0 and vocab_size 0, block_size
+and max_model_len echo --block-size and --max-model-len (0 when not given),
+and dtype is --dtype as resolved without a checkpoint (auto: float32). A plain
+LLM directory is the one-node graph LLMGraphModel (node llm).
 """
 
 from __future__ import annotations
@@ -20,12 +33,17 @@ from pathlib import Path
 import torch
 
 from .attention import FlexBackend, make_backend
-from .config import ConfigError, ModelConfig, load_model_config
+from .config import ConfigError, ModelConfig, load_model_config, read_json
+from .graph.authoring import EngineType
 from .graph.export import export_graph
-from .graph.llm import LLMGraphModel
+from .graph.llm import LLM_NODE, NODE_ENGINES, LLMGraphModel
+from .graph.model import GraphModel
+from .graph.node_runner import NodeRunner, TensorStore
+from .graph.worker_runner import GraphStepRunner
 from .kv_cache import KVCache, bytes_per_block
 from .loader import WeightReader, stderr_progress
 from .model import DecoderModel
+from .models import graph_model_class
 from .options import WorkerOptions
 from .protocol import PROTOCOL_VERSION, Ready
 from .sampler import Sampler
@@ -38,9 +56,11 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class LoadedWorker:
-    runner: StepRunner
+    runner: StepRunner | None  # the hosted kv_cache node's decoder steps (None: no kv_cache node here)
     ready: Ready
-    config: ModelConfig
+    config: ModelConfig | None  # that decoder's config
+    graph_runner: GraphStepRunner  # what the server runs: graph work plus the runner's rows
+    nodes: list[str]  # the graph nodes this worker hosts
 
 
 def resolve_device(name: str) -> torch.device:
@@ -51,12 +71,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device("cpu")
 
 
-def resolve_dtype(name: str, config: ModelConfig, device: torch.device | None = None) -> torch.dtype:
+def resolve_dtype(name: str, config: ModelConfig | None, device: torch.device | None = None) -> torch.dtype:
+    """config None: no checkpoint to ask (a worker without a kv_cache node)."""
     if name == "auto":
         # The checkpoint's own dtype; float32 when it does not say. On CUDA
         # bfloat16 unless the checkpoint is 16-bit already (float32 halves
         # the speed of a memory-bound decode for no serving benefit).
-        name = config.torch_dtype if config.torch_dtype in _DTYPES else "float32"
+        torch_dtype = config.torch_dtype if config is not None else None
+        name = torch_dtype if torch_dtype in _DTYPES else "float32"
         if device is not None and device.type == "cuda" and name == "float32":
             name = "bfloat16"
     return _DTYPES[name]
@@ -110,15 +132,24 @@ def _capture_graphs(model: DecoderModel, attention: FlexBackend, max_pages: int)
         return None
 
 
-def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True) -> LoadedWorker:
-    """attention_backend: auto (cpu on CPU, flex on CUDA), reference, cpu or flex;
-    fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks)."""
+@dataclass
+class _Decoder:
+    """A kv_cache node's decoder, KV cache and StepRunner, sized by the worker options."""
+
+    runner: StepRunner
+    config: ModelConfig
+    num_blocks: int
+    max_model_len: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+def _load_decoder(
+    opts: WorkerOptions, model_dir: Path, device: torch.device, attention_backend: str, fuse_weights: bool
+) -> _Decoder:
     dummy = opts.load_format == "dummy-null"
-    model_dir = Path(opts.model)
     config = load_model_config(model_dir, lenient=dummy)
-    device = resolve_device(opts.device)
     dtype = resolve_dtype(opts.dtype, config, device)
-    torch.manual_seed(opts.seed)
     model, cache, attention = None, None, None
     if not dummy:
         reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None)
@@ -132,16 +163,93 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     if isinstance(attention, FlexBackend) and device.type == "cuda":
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
+    return _Decoder(runner, config, num_blocks, max_model_len, dtype, device)
+
+
+def _config_architecture(model_dir: Path) -> str | None:
+    """config.json's architectures[0], or None where there is none to read
+    (load_model_config then names what is wrong with the directory)."""
+    path = model_dir / "config.json"
+    if not path.is_file():
+        return None
+    architectures = read_json(path).get("architectures") or []
+    return architectures[0] if isinstance(architectures, list) and architectures else None
+
+
+def hosted_nodes(requested: list[str] | None, engines: dict[str, EngineType], model_name: str) -> list[str]:
+    """The nodes a worker hosts: --nodes (checked against the model) or every node.
+    A worker runs at most one kv_cache node (one decoder, one KV cache)."""
+    if requested is None:
+        hosted = list(engines)
+    else:
+        unknown = [name for name in requested if name not in engines]
+        if unknown:
+            raise ConfigError(
+                f"--nodes names {', '.join(map(repr, unknown))}, which {model_name} does not have; "
+                f"its nodes: {', '.join(engines)}"
+            )
+        hosted = list(requested)
+    kv = [name for name in hosted if EngineType(engines[name]) is EngineType.KV_CACHE]
+    if len(kv) > 1:
+        raise ConfigError(
+            f"a worker hosts at most one kv_cache node, {model_name} would put {', '.join(kv)} on this one; "
+            "place them with --nodes"
+        )
+    return hosted
+
+
+def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True) -> LoadedWorker:
+    """attention_backend: auto (cpu on CPU, flex on CUDA), reference, cpu or flex;
+    fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks).
+
+    A directory whose architecture is a registered graph model (models/__init__.py)
+    loads that model; any other is a plain LLM, the one-node graph LLMGraphModel."""
+    model_dir = Path(opts.model)
+    device = resolve_device(opts.device)
+    torch.manual_seed(opts.seed)
+    architecture = _config_architecture(model_dir) if model_dir.is_dir() else None
+    graph_class = graph_model_class(architecture)
+
+    if graph_class is None:
+        hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)" if architecture else "a plain LLM")
+        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights)
+        model: GraphModel = LLMGraphModel(decoder.max_model_len)
+        graph = export_graph(model)
+        hosted = [LLM_NODE]
+        kv_node: str | None = LLM_NODE
+        architecture = decoder.config.architecture
+    else:
+        model = graph_class(model_dir)
+        engines = {name: EngineType(kind) for name, kind in model.get_node_engine_types().items()}
+        hosted = hosted_nodes(opts.nodes, engines, architecture)
+        graph = export_graph(model)  # before any weights: a declaration error fails fast
+        kv_node = next((n for n in hosted if engines[n] is EngineType.KV_CACHE), None)
+        decoder = None
+        if kv_node is not None:
+            kv_dir = Path(model.get_kv_model_dir(kv_node))
+            decoder = _load_decoder(opts, kv_dir, device, attention_backend, fuse_weights)
+
+    stateless = [n for n in hosted if n != kv_node]
+    nodes = NodeRunner(model, device, stateless, TensorStore())
+    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node, opts.rank)
+    if decoder is not None:
+        sizes = (decoder.num_blocks, decoder.max_model_len, decoder.config.vocab_size, decoder.dtype)
+    else:
+        # No KV cache here: no blocks, no vocabulary; the lengths are only echoed.
+        sizes = (0, opts.max_model_len or 0, 0, resolve_dtype(opts.dtype, None, device))
+    num_blocks, max_model_len, vocab_size, dtype = sizes
     ready = Ready(
         protocol_version=PROTOCOL_VERSION,
         num_blocks=num_blocks,
         block_size=opts.block_size,
         max_model_len=max_model_len,
-        vocab_size=config.vocab_size,
-        architecture=config.architecture,
+        vocab_size=vocab_size,
+        architecture=architecture,
         dtype=dtype_name(dtype),
         device=str(device),
         worker_pid=os.getpid(),
-        graph=export_graph(LLMGraphModel(max_model_len)),
+        graph=graph,
     )
-    return LoadedWorker(runner, ready, config)
+    return LoadedWorker(
+        decoder.runner if decoder else None, ready, decoder.config if decoder else None, graph_runner, hosted
+    )

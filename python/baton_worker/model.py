@@ -122,6 +122,11 @@ class DecoderModel:
     ) -> torch.Tensor:
         """Runs all new tokens of a step (attention.prepare() already called for
         it); returns float32 logits [len(logits_indices), vocab]."""
+        return self.logits(self.hidden_states(input_ids, positions, attention), logits_indices)
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        """The residual stream after the last layer, one row per new token (before the final norm)."""
         x = F.embedding(input_ids, self.embed)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         for i, layer in enumerate(self.layers):
@@ -129,8 +134,12 @@ class DecoderModel:
             x = x + self._attention(i, layer, h, cos, sin, attention)
             h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
             x = x + self._mlp(layer, h)
-        x = x.index_select(0, logits_indices)
-        x = rms_norm(x, self.norm, self.config.rms_norm_eps)
+        return x
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the hidden_states rows at `indices`."""
+        x = rms_norm(hidden.index_select(0, indices), self.norm, self.config.rms_norm_eps)
         return F.linear(x, self.lm_head).to(torch.float32)
 
     def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: AttentionBackend) -> torch.Tensor:

@@ -4,11 +4,16 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     --block-size N [--num-blocks N] [--kv-cache-memory-bytes B]
     [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
-    [--progress]
+    [--progress] [--nodes NAME[,NAME...]] [--rank N]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
 progress bar.
+
+--nodes names the graph nodes this worker hosts (default: every node of the
+model; loading refuses a name the model does not have). --rank is the
+worker's rank in the deployment (default 0): it goes into the `worker` field
+of every tensor descriptor this worker produces.
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -42,6 +47,8 @@ class WorkerOptions:
     seed: int = 0
     load_format: str = "auto"
     progress: bool = False
+    nodes: list[str] | None = None  # None: every node of the model
+    rank: int = 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--nodes", help="comma-separated graph nodes this worker hosts (default: all)")
+    p.add_argument("--rank", type=int, default=0)
     return p
 
 
@@ -83,7 +92,21 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise OptionsError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.rank < 0:
+        raise OptionsError(f"--rank must be >= 0, got {args.rank}")
+    if args.nodes is not None:
+        args.nodes = _node_list(args.nodes)
     return WorkerOptions(**vars(args))
+
+
+def _node_list(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise OptionsError(f"--nodes {value!r} has an empty node name")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise OptionsError(f"--nodes {value!r} names {', '.join(repeated)} more than once")
+    return names
 
 
 def out_endpoint_from(argv: list[str]) -> str | None:

@@ -28,6 +28,8 @@ class RequestState:
     sampling: SamplingParams
     # Row of the request in the persistent batch (-1: not in one).
     slot: int = -1
+    # Top alternatives per prompt position (AddedRequest.prompt_logprobs); -1: no prompt logprobs.
+    prompt_logprobs: int = -1
     # Seeded once when sampling.seed is set, so the request's random stream
     # does not depend on which other requests share its steps.
     generator: torch.Generator | None = None

@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(channel, one_line(error))
     channel.send(loaded.ready)
     try:
-        return serve(channel, loaded.runner)
+        return serve(channel, loaded.graph_runner)
     except protocol.ProtocolError as error:
         return fail(channel, one_line(error))
     except Exception as error:

@@ -6,14 +6,23 @@ answer with a StepResult.
 The engine owns scheduling and block allocation; this module only checks that
 what it is told is consistent (unknown request, too few blocks, a block id out
 of range, ...) and reports violations as ProtocolError naming the field.
-Per-row Python work is limited to added/removed requests and to handing the
-sampler its list of sampling rows; the rest works on whole columns.
+Per-row Python work is limited to added/removed requests, to handing the
+sampler its list of sampling rows and to the rows of requests that asked for
+prompt logprobs; the rest works on whole columns.
+
+Prompt logprobs: a row of a request that asked for them (AddedRequest.
+prompt_logprobs >= 0) also gets the log-softmax at each of its prompt
+positions but the last (position p scores prompt token p + 1). The forward
+keeps the last layer's hidden rows, and the logits of those positions are
+computed from them in slices, so a long prompt never holds [tokens, vocab]
+logits at once.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -27,6 +36,28 @@ from .sampler import SampleOutput, Sampler, TokenMask
 from .token_bitmask import words_per_row
 
 _ROW_FIELDS = ("num_new_tokens", "num_computed", "new_block_counts", "sample")
+
+# Prompt positions whose logits are materialised at once: about this many floats.
+_PROMPT_SLICE_FLOATS = 1 << 24
+
+
+@dataclass
+class PromptRows:
+    """The step's prompt positions that want logprobs, in row order."""
+
+    counts: np.ndarray  # int32 [rows of the step]: positions per row
+    token_index: np.ndarray  # int64 [positions]: index into the step's flattened tokens
+    targets: np.ndarray  # int64 [positions]: the prompt token each position scores
+    ks: np.ndarray  # int64 [positions]: alternatives wanted at each position
+
+
+@dataclass
+class PromptLogprobs:
+    counts: np.ndarray  # int32 [rows]
+    logprobs: np.ndarray  # float32 [positions]
+    ranks: np.ndarray  # int32 [positions]
+    top_ids: np.ndarray  # int32 [sum of ks]
+    top_logprobs: np.ndarray  # float32 [sum of ks]
 
 
 class StepRunner:
@@ -52,6 +83,8 @@ class StepRunner:
         self.by_slot: dict[int, RequestState] = {}
         self.batch = PersistentBatch(block_size, device)
         self.graphs = None  # cuda_graphs.DecodeGraphs, set by loading on CUDA
+        # Slots of requests that want prompt logprobs, until their prompt is computed.
+        self.prompt_slots: set[int] = set()
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -64,13 +97,25 @@ class StepRunner:
         inputs = self.batch.inputs(slots, start, num_new, sample)
         sample_slots = slots[sample]
         sampled = [self.by_slot[s] for s in sample_slots.tolist()]
+        prompt = self._prompt_rows(slots, start, num_new) if self.prompt_slots else None
         t1 = time.perf_counter()
         logits = None
+        prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
-            logits = self.graphs.run(inputs) if self.graphs is not None else None
-            if logits is None:
+            if prompt is not None:
                 self.attention.prepare(inputs.attention)
-                logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention)
+                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention)
+                logits = self.model.logits(hidden, inputs.logits_indices)
+                prompt_out = self._prompt_logprobs(hidden, prompt)
+            else:
+                logits = self.graphs.run(inputs) if self.graphs is not None else None
+                if logits is None:
+                    self.attention.prepare(inputs.attention)
+                    logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention)
+        elif prompt is not None:
+            # dummy-null: no model, so every prompt position scores 0 with no alternatives.
+            total = len(prompt.targets)
+            prompt_out = PromptLogprobs(prompt.counts, np.zeros(total, np.float32), np.ones(total, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32))
         t2 = time.perf_counter()
         # Waiting for a grammar mask counts as sampling time: the forward pass is done.
         token_mask = self._token_mask(step, len(sampled), wait_mask)
@@ -89,6 +134,11 @@ class StepRunner:
             top_ids=out.top_ids,
             top_logprobs=out.top_logprobs,
             timings=StepTimings((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3),
+            prompt_counts=None if prompt_out is None else prompt_out.counts,
+            prompt_logprobs=None if prompt_out is None else prompt_out.logprobs,
+            prompt_ranks=None if prompt_out is None else prompt_out.ranks,
+            prompt_top_ids=None if prompt_out is None else prompt_out.top_ids,
+            prompt_top_logprobs=None if prompt_out is None else prompt_out.top_logprobs,
         )
 
     # ------------------------------------------------------------ state updates
@@ -99,6 +149,7 @@ class StepRunner:
             state = self.requests.pop(req_id, None)
             if state is not None:
                 del self.slot_of[req_id], self.by_slot[state.slot]
+                self.prompt_slots.discard(state.slot)
                 self.batch.remove(state.slot)
 
     def _add(self, step: Step) -> None:
@@ -122,10 +173,13 @@ class StepRunner:
                 num_prompt_tokens=added.num_prompt_tokens,
                 sampling=added.sampling,
                 slot=slot,
+                prompt_logprobs=added.prompt_logprobs,
             )
             self.requests[added.req_id] = state
             self.slot_of[added.req_id] = slot
             self.by_slot[slot] = state
+            if added.prompt_logprobs >= 0 and added.num_prompt_tokens > 1:
+                self.prompt_slots.add(slot)
 
     def _rows(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validates the per-row arrays, appends each row's new blocks and
@@ -183,6 +237,63 @@ class StepRunner:
                 f"request {req_id} needs {-(-end // self.block_size)} blocks for {end} tokens, has {pages}",
             )
         return ProtocolError(f"Step.sample[{i}]", f"row ends at position {end} but request {req_id} has {known} tokens")
+
+    # ------------------------------------------------------------ prompt logprobs
+
+    def _prompt_rows(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray) -> PromptRows | None:
+        """The step's prompt positions that want logprobs; None when there are none.
+        A request leaves prompt_slots once a step reaches its last prompt position."""
+        wanted = np.flatnonzero(np.isin(slots, np.fromiter(self.prompt_slots, np.int64, len(self.prompt_slots))))
+        if not len(wanted):
+            return None
+        counts = np.zeros(len(slots), np.int32)
+        query_start = np.concatenate(([0], np.cumsum(num_new)))
+        index, targets, ks = [], [], []
+        for i in wanted.tolist():
+            slot = int(slots[i])
+            state = self.by_slot[slot]
+            last = state.num_prompt_tokens - 1  # positions before it score a prompt token
+            lo, hi = int(start[i]), min(int(start[i] + num_new[i]), last)
+            if int(start[i] + num_new[i]) >= last:
+                self.prompt_slots.discard(slot)
+            if hi <= lo:
+                continue
+            counts[i] = hi - lo
+            index.append(np.arange(lo, hi) - lo + query_start[i])
+            targets.append(self.batch.tokens[slot, lo + 1 : hi + 1].astype(np.int64))
+            ks.append(np.full(hi - lo, min(state.prompt_logprobs, self.vocab_size), np.int64))
+        if not index:
+            return None
+        return PromptRows(counts, np.concatenate(index), np.concatenate(targets), np.concatenate(ks))
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, rows: PromptRows) -> PromptLogprobs:
+        """Log-softmax at each prompt position, in slices of positions; one copy to the host per slice."""
+        total = len(rows.targets)
+        width = int(rows.ks.max())
+        step = max(1, _PROMPT_SLICE_FLOATS // self.vocab_size)
+        index = torch.as_tensor(rows.token_index, device=hidden.device)
+        targets = torch.as_tensor(rows.targets, device=hidden.device)
+        logprobs = np.empty(total, np.float32)
+        ranks = np.empty(total, np.int32)
+        top_ids = np.empty((total, width), np.int32)
+        top_lps = np.empty((total, width), np.float32)
+        for a in range(0, total, step):
+            b = min(a + step, total)
+            lp = torch.log_softmax(self.model.logits(hidden, index[a:b]), dim=-1)
+            chosen = lp.gather(1, targets[a:b, None])
+            parts = [chosen[:, 0].view(torch.int32), ((lp > chosen).sum(dim=-1) + 1).to(torch.int32)]
+            if width:
+                values, ids = torch.topk(lp, width)
+                parts += [ids.to(torch.int32).reshape(-1), values.reshape(-1).view(torch.int32)]
+            host = torch.cat(parts).cpu().numpy()
+            n = b - a
+            logprobs[a:b] = host[:n].view(np.float32)
+            ranks[a:b] = host[n : 2 * n]
+            if width:
+                top_ids[a:b] = host[2 * n : 2 * n + n * width].reshape(n, width)
+                top_lps[a:b] = host[2 * n + n * width :].view(np.float32).reshape(n, width)
+        keep = (np.arange(width)[None, :] < rows.ks[:, None]).reshape(-1)
+        return PromptLogprobs(rows.counts, logprobs, ranks, top_ids.reshape(-1)[keep], top_lps.reshape(-1)[keep])
 
     # ------------------------------------------------------------ sampling
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 4
 
 
 @dataclass
@@ -41,10 +41,13 @@ class SamplingParams:
 
 @dataclass
 class AddedRequest:
+    """prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs."""
+
     req_id: int
     token_ids: np.ndarray
     num_prompt_tokens: int
     sampling: SamplingParams
+    prompt_logprobs: int = -1
 
 
 @dataclass
@@ -55,8 +58,83 @@ class StepTimings:
 
 
 @dataclass
+class WireValue:
+    form: str
+    handle: int = 0
+    worker: int = 0
+    ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    dtype: str = ""
+    shape: list[int] = dataclasses.field(default_factory=lambda: [])
+
+
+@dataclass
+class NamedValues:
+    name: str
+    values: list[WireValue]
+
+
+@dataclass
+class ChunkPosition:
+    name: str
+    index: int
+    start: int
+    context_count: int
+    final: bool
+
+
+@dataclass
+class NodePass:
+    pass_id: int
+    request_id: str
+    inputs: list[NamedValues]
+    chunks: list[ChunkPosition] = dataclasses.field(default_factory=lambda: [])
+    request_kwargs: Any = dataclasses.field(default_factory=lambda: {})
+
+
+@dataclass
+class PassBatch:
+    batch_id: int
+    node: str
+    walk: str
+    passes: list[NodePass]
+
+
+@dataclass
+class PromptRequest:
+    request_id: str
+    prompt: str | None
+    input_modalities: list[str]
+    output_modalities: list[str]
+    kwargs: Any
+
+
+@dataclass
+class PromptResult:
+    request_id: str
+    error: str | None = None
+    values: list[NamedValues] = dataclasses.field(default_factory=lambda: [])
+
+
+@dataclass
+class ClientChunk:
+    name: str
+    modality: str
+    data: np.ndarray
+    metadata: Any
+
+
+@dataclass
+class PassResult:
+    pass_id: int
+    error: str | None = None
+    outputs: list[NamedValues] = dataclasses.field(default_factory=lambda: [])
+    client_chunks: list[ClientChunk] = dataclasses.field(default_factory=lambda: [])
+    stops: list[str] = dataclasses.field(default_factory=lambda: [])
+
+
+@dataclass
 class Step:
-    """Steps are executed strictly in step_id order.
+    """Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
 
     removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
 
@@ -67,6 +145,10 @@ class Step:
     new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
 
     sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
+
+    Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
+
+    WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
 
     mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made)."""
 
@@ -79,6 +161,10 @@ class Step:
     new_block_counts: np.ndarray
     new_block_ids: np.ndarray
     sample: np.ndarray
+    prompts: list[PromptRequest] = dataclasses.field(default_factory=lambda: [])
+    batches: list[PassBatch] = dataclasses.field(default_factory=lambda: [])
+    releases: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    finished_requests: list[str] = dataclasses.field(default_factory=lambda: [])
     mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
 
@@ -122,7 +208,15 @@ class StepResult:
 
     logprobs: the sampled token's log-probability per sampled row, nil when no row asked (SamplingParams.logprobs < 0).
 
-    top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many)."""
+    top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many).
+
+    prompt_results: one per prompt request, in order: its values by name (a 1-D integer tensor as 'tokens'; other tensors stay in this worker's store as 'tensor' with one reference, the control plane's), or the error that refuses the request.
+
+    pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request.
+
+    Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
+
+    prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request."""
 
     step_id: int
     req_ids: np.ndarray
@@ -132,6 +226,13 @@ class StepResult:
     top_ids: np.ndarray | None
     top_logprobs: np.ndarray | None
     timings: StepTimings
+    prompt_results: list[PromptResult] = dataclasses.field(default_factory=lambda: [])
+    pass_results: list[PassResult] = dataclasses.field(default_factory=lambda: [])
+    prompt_counts: np.ndarray | None = None
+    prompt_logprobs: np.ndarray | None = None
+    prompt_ranks: np.ndarray | None = None
+    prompt_top_ids: np.ndarray | None = None
+    prompt_top_logprobs: np.ndarray | None = None
 
 
 @dataclass
@@ -146,7 +247,7 @@ class Fatal:
     message: str
 
 
-STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings}
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "PassResult": PassResult}
 MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
@@ -170,11 +271,69 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("token_ids", "i32[]", False, None),
         ("num_prompt_tokens", "int", False, None),
         ("sampling", "struct", False, "SamplingParams"),
+        ("prompt_logprobs", "int", False, None),
     ),
     "StepTimings": (
         ("prepare_ms", "float", False, None),
         ("forward_ms", "float", False, None),
         ("sample_ms", "float", False, None),
+    ),
+    "WireValue": (
+        ("form", "str", False, None),
+        ("handle", "int", False, None),
+        ("worker", "int", False, None),
+        ("ids", "i32[]", False, None),
+        ("dtype", "str", False, None),
+        ("shape", "int[]", False, None),
+    ),
+    "NamedValues": (
+        ("name", "str", False, None),
+        ("values", "struct[]", False, "WireValue"),
+    ),
+    "ChunkPosition": (
+        ("name", "str", False, None),
+        ("index", "int", False, None),
+        ("start", "int", False, None),
+        ("context_count", "int", False, None),
+        ("final", "bool", False, None),
+    ),
+    "NodePass": (
+        ("pass_id", "int", False, None),
+        ("request_id", "str", False, None),
+        ("inputs", "struct[]", False, "NamedValues"),
+        ("chunks", "struct[]", False, "ChunkPosition"),
+        ("request_kwargs", "any", False, None),
+    ),
+    "PassBatch": (
+        ("batch_id", "int", False, None),
+        ("node", "str", False, None),
+        ("walk", "str", False, None),
+        ("passes", "struct[]", False, "NodePass"),
+    ),
+    "PromptRequest": (
+        ("request_id", "str", False, None),
+        ("prompt", "str", True, None),
+        ("input_modalities", "str[]", False, None),
+        ("output_modalities", "str[]", False, None),
+        ("kwargs", "any", False, None),
+    ),
+    "PromptResult": (
+        ("request_id", "str", False, None),
+        ("error", "str", True, None),
+        ("values", "struct[]", False, "NamedValues"),
+    ),
+    "ClientChunk": (
+        ("name", "str", False, None),
+        ("modality", "str", False, None),
+        ("data", "u8[]", False, None),
+        ("metadata", "any", False, None),
+    ),
+    "PassResult": (
+        ("pass_id", "int", False, None),
+        ("error", "str", True, None),
+        ("outputs", "struct[]", False, "NamedValues"),
+        ("client_chunks", "struct[]", False, "ClientChunk"),
+        ("stops", "str[]", False, None),
     ),
 }
 # name -> (tag, sender, fields)
@@ -192,6 +351,10 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("new_block_counts", "i32[]", False, None),
             ("new_block_ids", "i32[]", False, None),
             ("sample", "u8[]", False, None),
+            ("prompts", "struct[]", False, "PromptRequest"),
+            ("batches", "struct[]", False, "PassBatch"),
+            ("releases", "i32[]", False, None),
+            ("finished_requests", "str[]", False, None),
             ("mask_rows", "i32[]", False, None),
         ),
     ),
@@ -243,6 +406,13 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("top_ids", "i32[]", True, None),
             ("top_logprobs", "f32[]", True, None),
             ("timings", "struct", False, "StepTimings"),
+            ("prompt_results", "struct[]", False, "PromptResult"),
+            ("pass_results", "struct[]", False, "PassResult"),
+            ("prompt_counts", "i32[]", True, None),
+            ("prompt_logprobs", "f32[]", True, None),
+            ("prompt_ranks", "i32[]", True, None),
+            ("prompt_top_ids", "i32[]", True, None),
+            ("prompt_top_logprobs", "f32[]", True, None),
         ),
     ),
     "Pong": (

@@ -31,6 +31,9 @@ class SimRequest:
     done: bool = False
     logprobs: list[float] = field(default_factory=list)
     tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    # AddedRequest.prompt_logprobs; what came back, per prompt position: (logprob, rank, top ids, top logprobs).
+    prompt_logprobs: int = -1
+    prompt_results: list[tuple[float, int, list[int], list[float]]] = field(default_factory=list)
 
     @property
     def output(self) -> list[int]:
@@ -75,7 +78,7 @@ class EngineSim:
         for r, _ in rows:
             if not r.added:
                 r.added = True
-                added.append(AddedRequest(r.req_id, np.array(r.tokens, np.int32), len(r.prompt), r.sampling))
+                added.append(AddedRequest(r.req_id, np.array(r.tokens, np.int32), len(r.prompt), r.sampling, r.prompt_logprobs))
         counts, new_ids = [], []
         for r, count in rows:
             need = -(-(r.num_computed + count) // self.block_size) - len(r.blocks)
@@ -100,6 +103,16 @@ class EngineSim:
         result = protocol.decode(protocol.encode(self.runner.execute(protocol.decode(protocol.encode(step)))))
         self.results.append(result)
         by_id = {r.req_id: r for r, _ in rows}
+        if result.prompt_counts is not None:
+            at = top_at = 0
+            for (r, _), count in zip(rows, result.prompt_counts.tolist()):
+                k = min(r.prompt_logprobs, self.runner.vocab_size)
+                for j in range(at, at + count):
+                    ids = result.prompt_top_ids[top_at : top_at + k].tolist()
+                    lps = result.prompt_top_logprobs[top_at : top_at + k].tolist()
+                    r.prompt_results.append((float(result.prompt_logprobs[j]), int(result.prompt_ranks[j]), ids, lps))
+                    top_at += k
+                at += count
         for r, count in rows:
             r.num_computed += count
         top_offset = 0

@@ -24,6 +24,9 @@ def test_exported_graph(model):
     g = export_graph(model)
     json.dumps(g)  # plain data
     assert {n["name"]: n["engine"] for n in g["nodes"]} == {"llm": "kv_cache", "codec": "stateless"}
+    # end-of-audio stops the llm's decode loop (the engine core's stop checker reads this)
+    assert {n["name"]: n["stop_token_ids"] for n in g["nodes"]} == {"llm": [258], "codec": []}
+    assert model.get_kv_model_dir("llm") == model.model_dir / "llm"
     assert {w["name"]: w["partition"] for w in g["walks"]} == {"prefill": "llm", "decode": "llm", "codec_chunk": "codec"}
     (loop,) = [s for s in g["sections"] if s["kind"] == "loop"]
     assert (loop["loop_name"], loop["max_iters"]) == ("decode_loop", 2048)

@@ -114,7 +114,7 @@ def test_llm_graph_exports_one_kv_node_with_prefill_and_decode():
     graph = export_graph(LLMGraphModel(max_model_len=4096))
     assert graph == {
         "version": 1,
-        "nodes": [{"name": "llm", "engine": "kv_cache", "overlap": True}],
+        "nodes": [{"name": "llm", "engine": "kv_cache", "overlap": True, "stop_token_ids": []}],
         "sections": [
             {
                 "kind": "node",
@@ -257,8 +257,8 @@ def test_orpheus_like_tts_exports_partitions_streaming_edges_and_policy():
     assert graph == {
         "version": 1,
         "nodes": [
-            {"name": "llm", "engine": "kv_cache", "overlap": True},
-            {"name": "codec", "engine": "stateless", "overlap": True},
+            {"name": "llm", "engine": "kv_cache", "overlap": True, "stop_token_ids": []},
+            {"name": "codec", "engine": "stateless", "overlap": True, "stop_token_ids": []},
         ],
         "sections": [
             node_row("llm", ["text_inputs"], [edge("", "new_token", persist=True, new_token=True), stream]),
@@ -301,6 +301,25 @@ def test_orpheus_like_tts_exports_partitions_streaming_edges_and_policy():
         "client_outputs": [{"name": "audio_chunk", "modality": "audio"}],
     }
     round_trips(graph)
+
+
+def test_stop_token_ids_are_exported_per_node_and_checked():
+    class WithStops(OrpheusLike):
+        stops = {"llm": [128258, 7]}
+
+        def get_stop_token_ids(self, node_name):
+            return self.stops.get(node_name, [])
+
+    graph = export_graph(WithStops())
+    assert [(n["name"], n["stop_token_ids"]) for n in graph["nodes"]] == [("llm", [128258, 7]), ("codec", [])]
+    for bad, message in [((5,), None), ([-1], "-1 is not a token id"), ([True], "True is not a token id"), ("7", "list of int")]:
+        model = WithStops()
+        model.stops = {"llm": bad}
+        if message is None:  # a tuple is fine and exports as a list
+            assert export_graph(model)["nodes"][0]["stop_token_ids"] == [5]
+            continue
+        with pytest.raises(GraphDeclarationError, match=rf"get_stop_token_ids\('llm'\).*{message}"):
+            export_graph(model)
 
 
 def test_export_is_deterministic_and_calls_each_policy_factory_once():
@@ -385,11 +404,11 @@ def test_bagel_like_cfg_loop_with_parallel_branches_exports_flat_sections():
     graph = export_graph(BagelLike())
     feedback = [edge(d, n) for d in (*BRANCHES, "combine_cfg") for n in ("latents", "time_index")]
     assert graph["nodes"] == [
-        {"name": "LLM", "engine": "kv_cache", "overlap": True},
-        {"name": "LLM_cfg_text", "engine": "kv_cache", "overlap": True},
-        {"name": "LLM_cfg_img", "engine": "kv_cache", "overlap": True},
-        {"name": "combine_cfg", "engine": "stateless", "overlap": False},
-        {"name": "vae_decoder", "engine": "stateless", "overlap": True},
+        {"name": "LLM", "engine": "kv_cache", "overlap": True, "stop_token_ids": []},
+        {"name": "LLM_cfg_text", "engine": "kv_cache", "overlap": True, "stop_token_ids": []},
+        {"name": "LLM_cfg_img", "engine": "kv_cache", "overlap": True, "stop_token_ids": []},
+        {"name": "combine_cfg", "engine": "stateless", "overlap": False, "stop_token_ids": []},
+        {"name": "vae_decoder", "engine": "stateless", "overlap": True, "stop_token_ids": []},
     ]
     assert graph["sections"] == [
         group_row("sequential", [1, 8]),
@@ -433,8 +452,8 @@ def test_vjepa_like_rollout_exports_accumulated_outputs_and_default_transitions(
     assert graph == {
         "version": 1,
         "nodes": [
-            {"name": "encoder", "engine": "stateless", "overlap": True},
-            {"name": "predictor", "engine": "stateless", "overlap": False},
+            {"name": "encoder", "engine": "stateless", "overlap": True, "stop_token_ids": []},
+            {"name": "predictor", "engine": "stateless", "overlap": False, "stop_token_ids": []},
         ],
         "sections": [
             group_row("sequential", [1, 2]),

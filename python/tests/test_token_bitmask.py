@@ -78,7 +78,7 @@ def _runner(model_dir):
 def _three_prompts_step(mask_rows, sampling):
     added = [AddedRequest(i, np.array([5 + i, 9, 12], np.int32), 3, sampling) for i in range(3)]
     i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
-    return Step(4, added, i32(), i32(0, 1, 2), i32(3, 3, 3), i32(0, 0, 0), i32(1, 1, 1), i32(0, 1, 2), np.ones(3, np.uint8), i32(*mask_rows))
+    return Step(4, added, i32(), i32(0, 1, 2), i32(3, 3, 3), i32(0, 0, 0), i32(1, 1, 1), i32(0, 1, 2), np.ones(3, np.uint8), mask_rows=i32(*mask_rows))
 
 
 def test_step_waits_for_its_mask_and_samples_only_allowed_tokens(model_dir):
@@ -130,9 +130,10 @@ def test_bad_masks_are_named(model_dir, mask_rows, mask_words, error):
 
 
 def test_worker_waits_for_the_mask_and_keeps_what_comes_meanwhile(tmp_path):
-    """Over real sockets: a Step with mask_rows, then (overlap) the next Step and a
-    Ping before its StepMask: the Ping is answered at once, the mask applies to
-    its step, and the next Step runs after."""
+    """Over real sockets, as a worker lane sends them: a row-less step (graph
+    work only) before and after a Step with mask_rows, then (overlap) the next
+    Step and a Ping before its StepMask. The row-less step never waits, the Ping
+    is answered at once, the mask applies to its step, and the rest run after."""
     from test_server import Engine
 
     model = make_model_dir("llama", tmp_path / "llama", variant=3)
@@ -140,17 +141,22 @@ def test_worker_waits_for_the_mask_and_keeps_what_comes_meanwhile(tmp_path):
     try:
         ready = engine.recv()
         i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+        rowless = lambda step_id: Step(step_id, [], i32(), i32(), i32(), i32(), i32(), i32(), np.zeros(0, np.uint8))  # noqa: E731
         added = AddedRequest(1, i32(3, 1, 4, 1, 5), 5, SamplingParams(temperature=0.0))
-        engine.send(Step(0, [added], i32(), i32(1), i32(5), i32(0), i32(2), i32(0, 1), np.ones(1, np.uint8), i32(0)))
-        engine.send(Step(1, [], i32(), i32(1), i32(1), i32(5), i32(0), i32(), np.ones(1, np.uint8)))
+        engine.send(rowless(0))
+        engine.send(Step(1, [added], i32(), i32(1), i32(5), i32(0), i32(2), i32(0, 1), np.ones(1, np.uint8), mask_rows=i32(0)))
+        engine.send(Step(2, [], i32(), i32(1), i32(1), i32(5), i32(0), i32(), np.ones(1, np.uint8)))
+        engine.send(rowless(3))
         engine.send(protocol.Ping(9))
+        assert engine.recv().step_id == 0
         assert engine.recv() == protocol.Pong(9)
         allowed = np.zeros((1, ready.vocab_size), bool)
         allowed[0, 77] = True
-        engine.send(StepMask(0, pack(allowed)))
+        engine.send(StepMask(1, pack(allowed)))
         first = engine.recv()
-        assert first.step_id == 0 and first.token_ids.tolist() == [77]
-        assert engine.recv().step_id == 1
+        assert first.step_id == 1 and first.token_ids.tolist() == [77]
+        assert engine.recv().step_id == 2
+        assert engine.recv().step_id == 3
         engine.send(protocol.Shutdown())
         assert engine.wait()[0] == 0
     finally:

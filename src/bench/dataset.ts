@@ -8,7 +8,7 @@
 // The same seed gives the same prompts, so two servers see the same workload.
 
 import { readFileSync } from "node:fs";
-import { readModelDir } from "../config/model-dir.js";
+import { readModelDir, requireTokenizer } from "../config/model-dir.js";
 import { TextTokenizer } from "../text/tokenizer.js";
 import { SeededRandom } from "./random.js";
 
@@ -56,8 +56,9 @@ export class DatasetError extends Error {
 /** Loads the tokenizer of a Hugging Face model directory, as `baton serve` would. */
 export function loadBenchTokenizer(modelDir: string): BenchTokenizer {
   const info = readModelDir(modelDir);
-  const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
-  const parsed = JSON.parse(readFileSync(info.tokenizerPath, "utf8")) as { added_tokens?: { id: number }[] };
+  const tokenizerPath = requireTokenizer(info);
+  const tokenizer = TextTokenizer.fromFile(tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
+  const parsed = JSON.parse(readFileSync(tokenizerPath, "utf8")) as { added_tokens?: { id: number }[] };
   const added = new Set((parsed.added_tokens ?? []).map((t) => t.id));
   const ordinary: number[] = [];
   for (let id = 0; id < tokenizer.vocabSize; id++) if (!added.has(id)) ordinary.push(id);

@@ -116,6 +116,7 @@ export async function runMaskCost(options: { modelDir: string; rows: number[]; s
   const info = readModelDir(options.modelDir);
   const vocabSize = info.vocabSize ?? 0;
   if (vocabSize <= 0) throw new Error(`${options.modelDir}/config.json has no vocab_size`);
+  if (info.tokenizerPath === null) throw new Error(`${options.modelDir} has no tokenizer.json: a grammar needs the model's tokens`);
   const service = GrammarService.start({ tokenizerPath: info.tokenizerPath, vocabSize, stopTokenIds: info.eosTokenIds, cacheSize: 4 });
   const spec: GrammarSpec = options.regex ? { kind: "regex", source: options.regex } : { kind: "json_schema", source: JSON.stringify(MASK_BENCH_SCHEMA) };
   const error = await service.compile(spec);

@@ -28,13 +28,19 @@
 //   step                 from one executeStep call to the next
 // engine_core = schedule + build + process (+ post). main_thread_busy is the
 // main event loop's utilization over the measured steps.
+//
+// CPU over the same window, in cores (CPU seconds per wall second): this
+// process (HTTP server, detokenizer, SSE, engine thread), the Python worker
+// and the clients' process. Tokens received per server core is the front
+// end's ceiling per core when the worker costs (almost) nothing.
 
 import { fork, type ChildProcess } from "node:child_process";
+import { readFileSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { dirname, join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { fileURLToPath } from "node:url";
-import { readModelDir } from "../config/model-dir.js";
+import { readModelDir, requireTokenizer } from "../config/model-dir.js";
 import type { EngineStats } from "../engine/engine-core.js";
 import { EngineThread } from "../engine-host/engine-thread.js";
 import { InProcessEngine } from "../engine-host/in-process.js";
@@ -75,6 +81,12 @@ export interface BatchResult {
   main_thread_busy: number;
   /** Most steps the engine had in flight at once (2 with overlap scheduling). */
   max_in_flight: number;
+  /** CPU used over the measured window, in cores: this process (server and engine thread), the worker, the clients. */
+  server_cpu_cores: number;
+  worker_cpu_cores: number;
+  clients_cpu_cores: number;
+  /** delivered_tokens_per_s / server_cpu_cores: streamed tokens per second per core of the front end. */
+  delivered_tokens_per_server_core: number;
   phases: Partial<Record<Phase, Percentiles>>;
 }
 
@@ -115,9 +127,42 @@ interface ClientCount {
   atMs: number;
 }
 
+/** Linux's USER_HZ: /proc/<pid>/stat counts CPU time in these ticks. */
+const CLOCK_TICKS_PER_S = 100;
+
+/** CPU time (ms) another process has used so far; NaN where /proc cannot tell. */
+function processCpuMs(pid: number | undefined): number {
+  if (pid === undefined) return Number.NaN;
+  try {
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS_PER_S;
+  } catch {
+    return Number.NaN;
+  }
+}
+
+interface CpuSample {
+  wallMs: number;
+  serverMs: number;
+  workerMs: number;
+  clientsMs: number;
+}
+
+interface CpuCores {
+  server: number;
+  worker: number;
+  clients: number;
+}
+
 /** The streaming clients' child process. */
 class Clients {
   private constructor(private readonly child: ChildProcess) {}
+
+  get pid(): number | undefined {
+    return this.child.pid;
+  }
 
   static start(): Clients {
     const script = join(dirname(fileURLToPath(import.meta.url)), "sse-clients.js");
@@ -218,6 +263,7 @@ class MeasureWindow {
   mainBusy = Number.NaN;
   /** What the clients had received when measuring started and ended. */
   private counts: Promise<ClientCount>[] = [];
+  private cpu: CpuSample[] = [];
   readonly done: Promise<void>;
   private finish: () => void = () => {};
 
@@ -226,6 +272,7 @@ class MeasureWindow {
     private readonly warmup: number,
     private readonly steps: number,
     private readonly countClients: () => Promise<ClientCount>,
+    private readonly sampleCpu: () => CpuSample,
   ) {
     this.done = new Promise((resolve) => (this.finish = resolve));
   }
@@ -235,6 +282,14 @@ class MeasureWindow {
     const [first, last] = await Promise.all(this.counts);
     if (first === undefined || last === undefined) return Number.NaN;
     return ((last.tokens - first.tokens) / (last.atMs - first.atMs)) * 1000;
+  }
+
+  /** CPU cores each process used while steps were measured. */
+  cpuCores(): CpuCores {
+    const [first, last] = this.cpu;
+    if (first === undefined || last === undefined) return { server: Number.NaN, worker: Number.NaN, clients: Number.NaN };
+    const wall = last.wallMs - first.wallMs;
+    return { server: (last.serverMs - first.serverMs) / wall, worker: (last.workerMs - first.workerMs) / wall, clients: (last.clientsMs - first.clientsMs) / wall };
   }
 
   /** One more step; true while steps are measured. */
@@ -250,12 +305,14 @@ class MeasureWindow {
         this.left = this.steps;
         this.elu = performance.eventLoopUtilization();
         this.counts.push(this.countClients());
+        this.cpu.push(this.sampleCpu());
       }
     } else if (this.phase === "measure") {
       if (--this.left <= 0) {
         this.phase = "done";
         if (this.elu !== null) this.mainBusy = performance.eventLoopUtilization(this.elu).utilization;
         this.counts.push(this.countClients());
+        this.cpu.push(this.sampleCpu());
         this.finish();
       }
     }
@@ -308,7 +365,7 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
   const maxB = Math.max(...options.batchSizes);
   const threaded = options.engineThread ?? true;
   const info = readModelDir(options.modelDir);
-  const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
+  const tokenizer = TextTokenizer.fromFile(requireTokenizer(info), { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
   const workerOptions: WorkerOptions = {
     modelDir: info.dir,
     blockSize: BLOCK_SIZE,
@@ -355,7 +412,11 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
       if (options.steps + warmup + 64 > maxTokens) throw new Error(`--steps ${options.steps} is too many for max_model_len ${ready.max_model_len}`);
       // One extra step closes the last measured step's period.
       const running = clients;
-      const current = new MeasureWindow(b, warmup, options.steps + 1, () => running.count());
+      const sampleCpu = (): CpuSample => {
+        const usage = process.cpuUsage();
+        return { wallMs: performance.now(), serverMs: (usage.user + usage.system) / 1000, workerMs: processCpuMs(engine.pid), clientsMs: processCpuMs(running.pid) };
+      };
+      const current = new MeasureWindow(b, warmup, options.steps + 1, () => running.count(), sampleCpu);
       window = current;
       const t0 = performance.now();
       await clients.open(port, requestBodies(b, promptLen, maxTokens, "bench", tokenizer.vocabSize));
@@ -367,9 +428,15 @@ export async function runOverhead(options: OverheadOptions): Promise<BatchResult
       await waitFor(() => engine.stats.numRunning === 0 && engine.stats.numWaiting === 0, 60_000, "the aborted requests to leave the engine");
       const result = summarize(b, threaded, engine, current);
       result.delivered_tokens_per_s = await current.deliveredPerSecond();
+      const cores = current.cpuCores();
+      result.server_cpu_cores = cores.server;
+      result.worker_cpu_cores = cores.worker;
+      result.clients_cpu_cores = cores.clients;
+      result.delivered_tokens_per_server_core = result.delivered_tokens_per_s / cores.server;
       log(
         `B=${b}: step p50 ${result.step_ms_p50.toFixed(3)} ms, engine core p50 ${result.engine_core_ms_p50.toFixed(3)} ms, ` +
-          `${Math.round(result.tokens_per_s)} tok/s generated, ${Math.round(result.delivered_tokens_per_s)} tok/s received, main thread ${(result.main_thread_busy * 100).toFixed(0)}% busy (${(wallMs / 1000).toFixed(1)} s)`,
+          `${Math.round(result.tokens_per_s)} tok/s generated, ${Math.round(result.delivered_tokens_per_s)} tok/s received, main thread ${(result.main_thread_busy * 100).toFixed(0)}% busy, ` +
+          `CPU cores: server ${result.server_cpu_cores.toFixed(2)}, worker ${result.worker_cpu_cores.toFixed(2)}, clients ${result.clients_cpu_cores.toFixed(2)} (${(wallMs / 1000).toFixed(1)} s)`,
       );
       results.push(result);
     }
@@ -441,6 +508,10 @@ function summarize(b: number, threaded: boolean, engine: ServingEngine, window: 
     worker_ms_p50: percentiles(worker).p50,
     main_thread_busy: window.mainBusy,
     max_in_flight: maxInFlight,
+    server_cpu_cores: Number.NaN,
+    worker_cpu_cores: Number.NaN,
+    clients_cpu_cores: Number.NaN,
+    delivered_tokens_per_server_core: Number.NaN,
     phases,
   };
 }

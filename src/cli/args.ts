@@ -54,6 +54,8 @@ export interface ServeOptions {
   toolCallParser: ToolCallParserName | null;
   /** --enable-auto-tool-choice: tool_choice "auto" (the default when tools are given) is served. */
   enableAutoToolChoice: boolean;
+  /** --deployment FILE.yaml (M*'s format): which worker rank runs which graph nodes. */
+  deployment: string | null;
 }
 
 export const SERVE_DEFAULTS = {
@@ -72,6 +74,7 @@ export const SERVE_DEFAULTS = {
 
 const SERVE_FLAGS = {
   host: { type: "string" },
+  deployment: { type: "string" },
   port: { type: "string" },
   "served-model-name": { type: "string" },
   "max-model-len": { type: "string" },
@@ -226,6 +229,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       reasoningParser: values["reasoning-parser"] === undefined ? null : choice(values["reasoning-parser"], "reasoning-parser", REASONING_PARSERS, "qwen3"),
       toolCallParser,
       enableAutoToolChoice: values["enable-auto-tool-choice"] === true,
+      deployment: values.deployment ?? null,
     },
   };
 }

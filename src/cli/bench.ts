@@ -32,7 +32,10 @@ Runs B concurrent streaming /v1/completions requests (ignore_eos, long
 max_tokens) through the real HTTP server and engine core against a Python
 worker in the dummy-null load format (no model: each token is the last + 1),
 and reports per-step times (p50/p99) of each control-plane phase, with
-overlap scheduling off so that the phases of one step add up to the step.
+overlap scheduling off so that the phases of one step add up to the step,
+the tokens the clients received per second, and the CPU cores the server
+process, the worker and the clients used meanwhile (tokens received per
+server core: the front end's ceiling per core).
 model-dir defaults to models/demo; only its tokenizer and config are used
 (with --load-format auto its weights too).
 
@@ -218,6 +221,10 @@ function overheadJson(results: BatchResult[]): Record<string, unknown> {
       engine_thread: r.engine_thread,
       steps: r.steps,
       max_in_flight: r.max_in_flight,
+      server_cpu_cores: round(r.server_cpu_cores),
+      worker_cpu_cores: round(r.worker_cpu_cores),
+      clients_cpu_cores: round(r.clients_cpu_cores),
+      delivered_tokens_per_server_core: Math.round(r.delivered_tokens_per_server_core),
       phases,
     };
   }
@@ -227,7 +234,7 @@ function overheadJson(results: BatchResult[]): Record<string, unknown> {
 function overheadTable(results: BatchResult[]): string {
   const threaded = results[0]?.engine_thread ?? true;
   const phases = threaded ? THREAD_PHASES : MAIN_PHASES;
-  const cols = ["B", ...phases.map((p) => `${p} p50/p99`), "engine_core p50/p99", "main busy", "tok/s generated", "tok/s received"];
+  const cols = ["B", ...phases.map((p) => `${p} p50/p99`), "engine_core p50/p99", "main busy", "tok/s generated", "tok/s received", "server cores", "tok/s received per server core"];
   const rows = results.map((r) => [
     String(r.batch_size),
     ...phases.map((p) => `${r.phases[p]?.p50.toFixed(3)}/${r.phases[p]?.p99.toFixed(3)}`),
@@ -235,6 +242,8 @@ function overheadTable(results: BatchResult[]): string {
     `${Math.round(r.main_thread_busy * 100)}%`,
     String(Math.round(r.tokens_per_s)),
     String(Math.round(r.delivered_tokens_per_s)),
+    r.server_cpu_cores.toFixed(2),
+    String(Math.round(r.delivered_tokens_per_server_core)),
   ]);
   const lines = [`| ${cols.join(" | ")} |`, `|${cols.map(() => " --- ").join("|")}|`, ...rows.map((r) => `| ${r.join(" | ")} |`)];
   const where = threaded ? "engine core in its own thread" : "engine core on the main thread";

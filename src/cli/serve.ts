@@ -7,10 +7,12 @@ import { existsSync } from "node:fs";
 import type { AddressInfo } from "node:net";
 import { setTimeout as sleep } from "node:timers/promises";
 import { join } from "node:path";
-import { ModelDirError, readModelDir, type ModelDirInfo } from "../config/model-dir.js";
+import { DeploymentError, readDeployment, type Deployment } from "../config/deployment.js";
+import { ModelDirError, readModelDir, requireTokenizer, type ModelDirInfo } from "../config/model-dir.js";
 import { startServingEngine } from "../engine-host/start.js";
 import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
+import { DashboardFeed } from "../frontend/dashboard/snapshot.js";
 import { serviceUnavailable } from "../frontend/openai-error.js";
 import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
@@ -95,8 +97,17 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     if (error instanceof ModelDirError) throw new ServeError(error.message);
     throw error;
   }
-  const tokenizer = TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
-  const chatTemplate = loadChatTemplate(info);
+  // A model without a tokenizer serves only its graph's own outputs (checked against the graph once it is known).
+  const tokenizer =
+    info.tokenizerPath === null ? null : TextTokenizer.fromFile(info.tokenizerPath, { bosTokenId: info.bosTokenId, addBosToken: info.tokenizer.addBosToken });
+  const chatTemplate = tokenizer === null ? null : loadChatTemplate(info);
+  let deployment: Deployment | null = null;
+  try {
+    deployment = options.deployment === null ? null : readDeployment(options.deployment);
+  } catch (error) {
+    if (error instanceof DeploymentError) throw new ServeError(error.message);
+    throw error;
+  }
 
   let stopping = false;
   let engine: ServingEngine | null = null;
@@ -135,17 +146,23 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
 
   // A progress bar for weight loading, only where a person watches.
   const progressBar = process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr) : null;
-  // The grammar engine (structured output, forced tool calls) starts while the weights load.
-  let grammars: GrammarService | null = GrammarService.start({
-    tokenizerPath: info.tokenizerPath,
-    vocabSize: info.vocabSize ?? tokenizer.vocabSize,
-    stopTokenIds: eosIds(info, tokenizer),
-    cacheSize: GRAMMAR_CACHE_SIZE,
-  });
-  const grammarCheck = grammars.compile({ kind: "json_object", source: "" }).then(
-    () => null,
-    (error: unknown) => (error as Error).message,
-  );
+  // The grammar engine (structured output, forced tool calls) starts while the weights load; a model without a tokenizer has no text to constrain.
+  let grammars: GrammarService | null =
+    tokenizer === null || info.tokenizerPath === null
+      ? null
+      : GrammarService.start({
+          tokenizerPath: info.tokenizerPath,
+          vocabSize: info.vocabSize ?? tokenizer.vocabSize,
+          stopTokenIds: eosIds(info, tokenizer),
+          cacheSize: GRAMMAR_CACHE_SIZE,
+        });
+  const grammarCheck: Promise<string | null> =
+    grammars === null
+      ? Promise.resolve(null)
+      : grammars.compile({ kind: "json_object", source: "" }).then(
+          () => null,
+          (error: unknown) => (error as Error).message,
+        );
   try {
     engine = await startServingEngine({
       worker: {
@@ -167,6 +184,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         asyncScheduling: options.asyncScheduling,
       },
       engineThread: options.engineThread,
+      deployment,
       signal: starting.signal,
       grammar: grammars,
     });
@@ -177,7 +195,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     process.off("SIGINT", onSignal);
     process.off("SIGTERM", onSignal);
     if (error instanceof WorkerStartError) throw new ServeError(`worker failed to start: ${error.message}`);
-    if (error instanceof EngineStartError) throw new ServeError(error.message);
+    if (error instanceof EngineStartError || error instanceof DeploymentError) throw new ServeError(error.message);
     throw error;
   }
   if (stopping) {
@@ -186,12 +204,29 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   }
 
   const ready = engine.ready;
-  const grammarProblem =
-    ready.vocab_size !== grammars.vocabSize ? `the model's logits have ${ready.vocab_size} entries, the grammar engine expected ${grammars.vocabSize}` : await grammarCheck;
-  if (grammarProblem !== null) {
-    log(`structured outputs are off: ${grammarProblem}`, "warn");
-    await grammars.close();
-    grammars = null;
+  const outputModalities = [...new Set(engine.graph.clientOutputs.map((c) => c.modality))];
+  if (tokenizer === null && outputModalities.includes("text")) {
+    await engine.close().catch(() => {});
+    try {
+      requireTokenizer(info);
+    } catch (error) {
+      throw new ServeError((error as Error).message);
+    }
+  }
+  const metrics = new BatonMetrics({ modelName: name, engine, nodes: engine, maxModelLen: ready.max_model_len });
+  if (grammars !== null) {
+    // A model whose graph gives no text has nothing for a grammar to constrain (its text endpoints answer 400).
+    const servesText = outputModalities.includes("text");
+    const grammarProblem = !servesText
+      ? null
+      : ready.vocab_size !== grammars.vocabSize
+        ? `the model's logits have ${ready.vocab_size} entries, the grammar engine expected ${grammars.vocabSize}`
+        : await grammarCheck;
+    if (grammarProblem !== null) log(`structured outputs are off: ${grammarProblem}`, "warn");
+    if (!servesText || grammarProblem !== null) {
+      await grammars.close();
+      grammars = null;
+    }
   }
   server = buildServer({
     engine,
@@ -199,11 +234,11 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     chatTemplate,
     servedModelName: name,
     maxModelLen: ready.max_model_len,
-    eosTokenIds: eosIds(info, tokenizer),
+    eosTokenIds: tokenizer === null ? [] : eosIds(info, tokenizer),
     vocabSize: ready.vocab_size,
     onInternalError: (error) => log(`internal error: ${error.stack ?? error.message}`, "error"),
     apiKey: options.apiKey,
-    metrics: new BatonMetrics({ modelName: name, engine }),
+    metrics,
     logger,
     maxNumQueuedRequests: options.maxNumQueuedRequests,
     bodyLimitBytes: options.maxRequestBodyBytes,
@@ -213,6 +248,19 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
     numWaiting: () => liveEngine.stats.numWaiting,
+    dashboard: new DashboardFeed({
+      modelName: name,
+      engine,
+      requests: metrics.live,
+      nodes: () => liveEngine.nodeStats(),
+    }),
+    graph: outputModalities.some((m) => m !== "text")
+      ? {
+          engine,
+          outputModalities,
+          onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
+        }
+      : null,
   });
   const liveServer = server;
   const liveEngine = engine;
@@ -252,6 +300,7 @@ function servedBanner(options: ServeOptions): string {
     "           POST /generate, POST /tokenize, POST /detokenize, GET /version",
     "  health:  GET /health (no key needed)",
     "  metrics: GET /metrics (Prometheus, vLLM names)",
+    `  dashboard: GET / (live view and playground${options.apiKey === null ? "" : "; its data needs the key"})`,
     `  auth:    ${options.apiKey === null ? "off (no --api-key)" : "on (Authorization: Bearer <key>)"}`,
     `  queue:   429 beyond ${options.maxNumQueuedRequests} waiting requests`,
     "",

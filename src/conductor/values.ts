@@ -18,12 +18,23 @@ export interface TokensValue {
   readonly ids: Int32Array;
 }
 
+/**
+ * An output already rendered for the client by the worker (the model's
+ * postprocess): bytes that only a client route uses; tensor routes skip it.
+ */
+export interface BytesValue {
+  readonly kind: "bytes";
+  readonly modality: string;
+  readonly data: Uint8Array;
+  readonly metadata: Readonly<Record<string, unknown>>;
+}
+
 /** A declared output that was not produced: a signal. */
 export interface EmptyValue {
   readonly kind: "empty";
 }
 
-export type Value = TensorValue | TokensValue | EmptyValue;
+export type Value = TensorValue | TokensValue | BytesValue | EmptyValue;
 
 /** An edge delivery: a list of values, possibly empty (a signal). */
 export type Values = readonly Value[];

@@ -28,7 +28,8 @@ export interface ModelDirInfo {
   bosTokenId: number | null;
   /** config.json `vocab_size`, if present. */
   vocabSize: number | null;
-  tokenizerPath: string;
+  /** null when the directory has no tokenizer.json (a model without text in or out, e.g. a graph whose nodes bring their own). */
+  tokenizerPath: string | null;
   tokenizer: TokenizerSettings;
 }
 
@@ -135,6 +136,14 @@ function readTokenizerSettings(dir: string): TokenizerSettings {
   };
 }
 
+/** The tokenizer file of a model that takes or produces text; ModelDirError naming it when missing. */
+export function requireTokenizer(info: ModelDirInfo): string {
+  if (info.tokenizerPath === null) {
+    throw new ModelDirError(`${join(info.dir, "tokenizer.json")} not found: Baton needs a fast tokenizer file (tokenizer.json) in the model directory`);
+  }
+  return info.tokenizerPath;
+}
+
 export function readModelDir(dirIn: string): ModelDirInfo {
   const dir = resolve(dirIn);
   if (!existsSync(dir)) throw new ModelDirError(`model directory ${dir} does not exist`);
@@ -161,10 +170,8 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     (generation ? optionalInt(generation.bos_token_id, "generation_config.json bos_token_id") : null) ??
     optionalInt(textConfig.bos_token_id ?? config.bos_token_id, "config.json bos_token_id");
 
-  const tokenizerPath = join(dir, "tokenizer.json");
-  if (!existsSync(tokenizerPath)) {
-    throw new ModelDirError(`${tokenizerPath} not found: Baton needs a fast tokenizer file (tokenizer.json) in the model directory`);
-  }
+  const tokenizerFile = join(dir, "tokenizer.json");
+  const tokenizerPath = existsSync(tokenizerFile) ? tokenizerFile : null;
 
   return {
     dir,

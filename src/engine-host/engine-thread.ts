@@ -20,6 +20,8 @@ import { Worker } from "node:worker_threads";
 import { checkSubmittable, endingOutput, RequestRejectedError, type EngineConfig, type EngineStats, type SubmitLimits } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
+import type { GraphEvent, GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
+import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import { WorkerStartError, type WorkerExit } from "../worker/types.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, StepRecord } from "./messages.js";
@@ -35,7 +37,10 @@ export interface EngineThreadOptions extends ServingEngineOptions {
 
 interface LiveRequest {
   id: string;
-  onOutput: OutputCallback;
+  /** Text requests. */
+  onOutput: OutputCallback | null;
+  /** Graph requests. */
+  onEvent: GraphEventCallback | null;
 }
 
 const THREAD_MAIN_URL = new URL("./thread-main.js", import.meta.url);
@@ -99,15 +104,20 @@ export class EngineThread implements ServingEngine {
   private closing: Promise<void> | null = null;
   private readonly exited: Promise<void>;
   private readonly limits: SubmitLimits;
+  readonly graph: CompiledGraph;
+  private latestNodes: NodeStats[] = [];
+  private nodeSteps: NodeStepSample[] = [];
+  private latestHeldTensors = 0;
 
   private constructor(
     private readonly thread: Worker,
     readonly ready: ReadyMessage,
-    /** The model worker's process id. */
-    readonly pid: number,
+    /** Every model worker's process id, by rank. */
+    readonly pids: readonly number[],
     readonly config: EngineConfig,
     private readonly options: EngineThreadOptions,
   ) {
+    this.graph = compileModelGraph(ready.graph);
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
     this.limits = { ...config, vocabSize: ready.vocab_size };
     this.latest = {
@@ -138,6 +148,7 @@ export class EngineThread implements ServingEngine {
     const init: EngineThreadInit = {
       worker: { ...worker, reportLoadProgress: onLoadProgress !== undefined },
       engine: options.engine,
+      deployment: options.deployment ?? null,
       recordSteps: options.recordSteps ?? false,
     };
     const grammar = options.grammar ?? null;
@@ -183,13 +194,32 @@ export class EngineThread implements ServingEngine {
       if (first.kind === "start-failed" && first.stage === "worker") throw new WorkerStartError(first.message, first.exit);
       throw new EngineStartError(first.kind === "start-failed" ? first.message : `unexpected first message from the engine thread: ${first.kind}`);
     }
-    return new EngineThread(thread, first.ready, first.pid, first.config, options);
+    return new EngineThread(thread, first.ready, first.pids, first.config, options);
   }
 
   /** The engine's counters as of its last step; requests posted but not yet taken count as waiting. */
   get stats(): EngineStats {
     const inTransit = this.numSubmitsPosted - this.numSubmitsTaken;
     return inTransit === 0 ? this.latest : { ...this.latest, numWaiting: this.latest.numWaiting + inTransit };
+  }
+
+  /** Rank 0's process id. */
+  get pid(): number {
+    return this.pids[0]!;
+  }
+
+  get heldTensors(): number {
+    return this.latestHeldTensors;
+  }
+
+  nodeStats(): NodeStats[] {
+    return this.latestNodes;
+  }
+
+  takeNodeSteps(): NodeStepSample[] {
+    const steps = this.nodeSteps;
+    this.nodeSteps = [];
+    return steps;
   }
 
   get alive(): boolean {
@@ -201,10 +231,21 @@ export class EngineThread implements ServingEngine {
     if (this.handles.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     checkSubmittable(req, this.limits);
     const handle = this.nextHandle++;
-    this.live.set(handle, { id: req.id, onOutput });
+    this.live.set(handle, { id: req.id, onOutput, onEvent: null });
     this.handles.set(req.id, handle);
     this.numSubmitsPosted++;
     this.post({ kind: "submit", handle, request: req });
+  }
+
+  /** Checked in the engine thread: a refusal arrives as an error event (status 400). */
+  submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void {
+    if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
+    if (this.handles.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    const handle = this.nextHandle++;
+    this.live.set(handle, { id: req.id, onOutput: null, onEvent });
+    this.handles.set(req.id, handle);
+    this.numSubmitsPosted++;
+    this.post({ kind: "submit-graph", handle, request: req });
   }
 
   abort(requestId: string): void {
@@ -278,6 +319,12 @@ export class EngineThread implements ServingEngine {
       });
     }
     for (const { handle, output } of message.rich) this.queue(handle, { requestId: "", ...output });
+    this.latestNodes = message.nodes;
+    this.latestHeldTensors = message.heldTensors;
+    for (const s of message.nodeSteps) this.nodeSteps.push(s);
+    if (this.nodeSteps.length > 4096) this.nodeSteps.splice(0, this.nodeSteps.length - 4096);
+    // Graph events go out at once and in order (no merging: each chunk is the client's next bytes).
+    for (const { handle, event } of message.graph) this.deliverEvent(handle, event);
     if (!this.deliveryScheduled && this.pending.size > 0) {
       this.deliveryScheduled = true;
       // Every batch that arrived in this turn of the event loop is merged before delivery.
@@ -299,6 +346,8 @@ export class EngineThread implements ServingEngine {
     before.stopTokenId = output.stopTokenId;
     before.numCachedTokens = output.numCachedTokens;
     before.error = output.error;
+    if (output.promptLogprobs !== undefined) before.promptLogprobs = output.promptLogprobs;
+    if (output.timing !== undefined) before.timing = output.timing;
   }
 
   private deliver(): void {
@@ -316,10 +365,28 @@ export class EngineThread implements ServingEngine {
     }
   }
 
+  private deliverEvent(handle: number, event: GraphEvent): void {
+    const request = this.live.get(handle);
+    if (request === undefined || request.onEvent === null) return;
+    if (event.kind !== "chunk") {
+      this.live.delete(handle);
+      this.handles.delete(request.id);
+    }
+    try {
+      request.onEvent(event);
+    } catch {
+      // As for text outputs below.
+    }
+  }
+
   /** Ends every live request with this reason. */
   private failAll(message: string, reason: "error" | "abort" = "error"): void {
     this.deliver();
     for (const [handle, request] of [...this.live]) {
+      if (request.onEvent !== null) {
+        this.deliverEvent(handle, { kind: "error", message, status: 500 });
+        continue;
+      }
       this.live.delete(handle);
       this.handles.delete(request.id);
       this.callBack(request, endingOutput(request.id, reason, message));
@@ -328,7 +395,7 @@ export class EngineThread implements ServingEngine {
 
   private callBack(request: LiveRequest, output: RequestOutput): void {
     try {
-      request.onOutput(output);
+      request.onOutput?.(output);
     } catch {
       // A client's callback must not stop the others (EngineCore does the same).
     }

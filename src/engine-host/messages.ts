@@ -7,6 +7,8 @@
 // token, no logprobs, not finished) packed as int32 triples in a transferred
 // buffer, everything else as plain objects.
 
+import type { GraphEvent, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
+import type { Deployment } from "../config/deployment.js";
 import type { EngineStats, EngineConfig } from "../engine/engine-core.js";
 import type { EngineSettings } from "./types.js";
 import type { StepTiming } from "../engine/step-timings.js";
@@ -20,6 +22,7 @@ export interface EngineThreadInit {
   /** The model worker to start, without callbacks (they cannot cross threads). */
   worker: Omit<WorkerOptions, "onLoadProgress"> & { reportLoadProgress: boolean };
   engine: EngineSettings;
+  deployment: Deployment | null;
   /** Benchmarks: time every step's phases and send them with the outputs. */
   recordSteps: boolean;
   /** Structured output: a port to the grammar thread, and the vocabulary size its masks are made for. */
@@ -33,6 +36,12 @@ export interface SubmitMessage {
   /** Small int naming the request between the threads. */
   handle: number;
   request: EngineRequest;
+}
+
+export interface SubmitGraphMessage {
+  kind: "submit-graph";
+  handle: number;
+  request: GraphRequest;
 }
 
 export interface AbortMessage {
@@ -55,7 +64,7 @@ export interface ExitNowMessage {
   done: SharedArrayBuffer;
 }
 
-export type MainToEngineMessage = SubmitMessage | AbortMessage | CloseMessage | ExitNowMessage;
+export type MainToEngineMessage = SubmitMessage | SubmitGraphMessage | AbortMessage | CloseMessage | ExitNowMessage;
 
 // ------------------------------------------------------------ engine -> main
 
@@ -68,8 +77,8 @@ export interface LoadProgressMessage {
 export interface ThreadReadyMessage {
   kind: "ready";
   ready: ReadyMessage;
-  /** The model worker's process id. */
-  pid: number;
+  /** Every model worker's process id, by rank. */
+  pids: number[];
   /** The engine core's configuration as built from Ready. */
   config: EngineConfig;
 }
@@ -118,6 +127,11 @@ export interface OutputsMessage {
   timings: StepTiming[];
   /** With recordSteps. */
   records: StepRecord[];
+  /** Graph requests' events, in order (chunk bytes are transferred). */
+  graph: { handle: number; event: GraphEvent }[];
+  nodes: NodeStats[];
+  nodeSteps: NodeStepSample[];
+  heldTensors: number;
 }
 
 export interface WorkerDiedMessage {

@@ -9,14 +9,15 @@
 // parent-pid watch when the process does.
 
 import { parentPort, workerData } from "node:worker_threads";
-import { EngineCore, endingOutput, type EngineConfig } from "../engine/engine-core.js";
-import { compileModelGraph } from "../graph/compile.js";
-import { checkServableGraph } from "./servable-graph.js";
+import { GraphEngine, type GraphEvent } from "../conductor/graph-engine.js";
+import { DeploymentError } from "../config/deployment.js";
+import { endingOutput } from "../engine/engine-core.js";
 import type { RequestOutput } from "../engine/types.js";
-import { killAllWorkersSync, shutdownAllWorkers, startWorker } from "../worker/supervisor.js";
+import { killAllWorkersSync, shutdownAllWorkers } from "../worker/supervisor.js";
 import { WorkerStartError, type WorkerClient } from "../worker/types.js";
-import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitMessage } from "./messages.js";
-import { stopEngine } from "./in-process.js";
+import { startGraphWorkers } from "./graph-workers.js";
+import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitGraphMessage, SubmitMessage } from "./messages.js";
+import { engineConfigOf, stopEngine } from "./in-process.js";
 import { StepRecorder } from "./step-recorder.js";
 import { stepMasks } from "../structured/engine-link.js";
 
@@ -32,18 +33,24 @@ function post(message: EngineToMainMessage, transfer: ArrayBuffer[] = []): void 
 class Outbox {
   private plain: number[] = [];
   private rich: RichOutput[] = [];
+  private graph: { handle: number; event: GraphEvent }[] = [];
   private scheduled = false;
   private numStepsPosted = 0;
   numSubmitsTaken = 0;
 
   constructor(
-    private readonly core: EngineCore,
+    private readonly core: GraphEngine,
     private readonly recorder: StepRecorder | null,
   ) {}
 
+  addEvent(handle: number, event: GraphEvent): void {
+    this.graph.push({ handle, event });
+    this.schedule();
+  }
+
   add(handle: number, output: RequestOutput): void {
     const ids = output.newTokenIds;
-    if (ids.length === 1 && output.logprobs === null && !output.finished && output.error === null) {
+    if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && !output.finished && output.error === null) {
       this.plain.push(handle, ids[0] as number, output.numCachedTokens);
     } else {
       const { requestId: _id, ...rest } = output;
@@ -65,8 +72,16 @@ class Outbox {
     const stats = this.core.stats;
     const newSteps = stats.numSteps - this.numStepsPosted;
     this.numStepsPosted = stats.numSteps;
-    const timings = newSteps > 0 ? this.core.timings.recent(newSteps) : [];
+    const timings = newSteps > 0 && this.core.timings !== null ? this.core.timings.recent(newSteps) : [];
     const plain = Int32Array.from(this.plain);
+    const graph = this.graph;
+    const transfer: ArrayBuffer[] = [plain.buffer as ArrayBuffer];
+    for (const { event } of graph) {
+      // A chunk's bytes own their buffer (the decoder gives each its own copy) and move without a copy.
+      if (event.kind === "chunk" && event.data.byteOffset === 0 && event.data.byteLength === event.data.buffer.byteLength) {
+        if (!transfer.includes(event.data.buffer as ArrayBuffer)) transfer.push(event.data.buffer as ArrayBuffer);
+      }
+    }
     const message: OutputsMessage = {
       kind: "outputs",
       plain,
@@ -75,58 +90,92 @@ class Outbox {
       numSubmitsTaken: this.numSubmitsTaken,
       timings,
       records: this.recorder?.take() ?? [],
+      graph,
+      nodes: this.core.nodeStats(),
+      nodeSteps: this.core.takeStepSamples(),
+      heldTensors: this.core.heldTensors(),
     };
     this.plain = [];
     this.rich = [];
-    post(message, [plain.buffer as ArrayBuffer]);
+    this.graph = [];
+    post(message, transfer);
     const last = timings[timings.length - 1];
     if (this.recorder !== null && last !== undefined) this.recorder.addPostMs(last.stepId, performance.now() - t0);
   }
 }
 
-let worker: WorkerClient | null = null;
-let core: EngineCore | null = null;
+let workers: WorkerClient[] = [];
+/** The grammar thread's port (structured output) until an engine core takes it. */
+let grammarLink = init.grammar ?? null;
+let core: GraphEngine | null = null;
 let outbox: Outbox | null = null;
 let closing = false;
 /** Engine request id of each live handle. */
 const requestIds = new Map<number, string>();
 
 async function start(): Promise<void> {
-  let started: WorkerClient;
+  let started;
   try {
-    started = await startWorker({
-      ...init.worker,
-      onLoadProgress: init.worker.reportLoadProgress ? (done, total) => post({ kind: "load-progress", done, total }) : undefined,
-    });
+    started = await startGraphWorkers(
+      {
+        ...init.worker,
+        onLoadProgress: init.worker.reportLoadProgress ? (done, total) => post({ kind: "load-progress", done, total }) : undefined,
+      },
+      init.deployment,
+    );
   } catch (error) {
     const exit = error instanceof WorkerStartError ? error.exit : null;
-    post({ kind: "start-failed", stage: "worker", message: (error as Error).message, exit });
+    const stage = error instanceof WorkerStartError || error instanceof DeploymentError ? "worker" : "engine";
+    post({ kind: "start-failed", stage, message: (error as Error).message, exit });
     port?.close();
     return;
   }
   if (closing) {
-    // close() came while the worker loaded.
-    await started.shutdown().catch(() => {});
+    // close() came while the workers loaded.
+    await Promise.all(started.workers.map((w) => w.shutdown().catch(() => {})));
     post({ kind: "start-failed", stage: "worker", message: "the engine was closed before the model worker was ready", exit: null });
     return;
   }
-  worker = started;
-  const ready = started.ready;
-  const config: EngineConfig = { ...init.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
-  const recorder = init.recordSteps ? new StepRecorder(started) : null;
+  workers = started.workers;
+  const recorder = init.recordSteps ? new StepRecorder(started.workers[0]!) : null;
   if (recorder !== null) recorder.recording = true;
   try {
-    checkServableGraph(compileModelGraph(ready.graph));
-    core = new EngineCore(recorder ?? started, config, { masks: stepMasks(init.grammar ?? null, ready.vocab_size) });
+    core = new GraphEngine({
+      graph: started.graph,
+      workers: started.workers,
+      rankOf: started.rankOf,
+      engine: init.engine,
+      onQuietChange: () => outbox?.schedule(),
+      wrapExecutor: recorder === null ? undefined : (rank, client) => (rank === 0 ? recorder : client),
+      stepMasks: (ready) => {
+        // One port to the grammar thread came with the thread: it serves one engine core.
+        const grammar = grammarLink;
+        grammarLink = null;
+        return stepMasks(grammar, ready.vocab_size);
+      },
+    });
   } catch (error) {
-    await started.shutdown().catch(() => {});
+    await Promise.all(started.workers.map((w) => w.shutdown().catch(() => {})));
     post({ kind: "start-failed", stage: "engine", message: `cannot start the engine: ${(error as Error).message}`, exit: null });
     port?.close();
     return;
+  } finally {
+    // Not taken (no kv_cache node, or the start failed): nothing will ask for masks.
+    grammarLink?.port.close();
+    grammarLink = null;
   }
+  const ready = started.workers[0]!.ready;
+  const config = engineConfigOf(core, ready, { worker: init.worker, engine: init.engine });
   outbox = new Outbox(core, recorder);
-  started.onDeath((exit) => post({ kind: "worker-died", exit }));
-  post({ kind: "ready", ready, pid: started.pid, config });
+  let told = false;
+  for (const w of started.workers) {
+    w.onDeath((exit) => {
+      if (told) return;
+      told = true;
+      post({ kind: "worker-died", exit });
+    });
+  }
+  post({ kind: "ready", ready, pids: started.workers.map((w) => w.pid), config });
 }
 
 function submit({ handle, request }: SubmitMessage): void {
@@ -146,13 +195,29 @@ function submit({ handle, request }: SubmitMessage): void {
   }
 }
 
+function submitGraph({ handle, request }: SubmitGraphMessage): void {
+  const engine = core;
+  const box = outbox;
+  if (engine === null || box === null) return;
+  box.numSubmitsTaken++;
+  try {
+    engine.submitGraph(request, (event) => {
+      if (event.kind !== "chunk") requestIds.delete(handle);
+      box.addEvent(handle, event);
+    });
+    requestIds.set(handle, request.id);
+  } catch (error) {
+    box.addEvent(handle, { kind: "error", message: (error as Error).message, status: 400 });
+  }
+}
+
 async function close(): Promise<void> {
   if (closing) return;
   closing = true;
   // A worker still loading: stop it now rather than wait for it.
-  if (worker === null) await shutdownAllWorkers().catch(() => {});
+  if (workers.length === 0) await shutdownAllWorkers().catch(() => {});
   await starting;
-  await stopEngine(core, worker);
+  await stopEngine(core, workers);
   outbox?.schedule();
   // Let the last outputs go out first.
   setImmediate(() => {
@@ -165,6 +230,9 @@ port.on("message", (message: MainToEngineMessage) => {
   switch (message.kind) {
     case "submit":
       submit(message);
+      break;
+    case "submit-graph":
+      submitGraph(message);
       break;
     case "abort": {
       const id = requestIds.get(message.handle);

@@ -1,8 +1,11 @@
 // What the rest of Baton sees of a running engine core and its model worker,
 // whichever thread the engine core runs on (start.ts chooses).
 
+import type { Deployment } from "../config/deployment.js";
+import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig } from "../engine/engine-core.js";
 import type { EngineHandle } from "../frontend/generation.js";
+import type { CompiledGraph } from "../graph/compile.js";
 import type { EngineStatsSource } from "../observability/metrics.js";
 import type { GrammarService } from "../structured/grammar-service.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -12,11 +15,25 @@ import type { WorkerExit, WorkerOptions } from "../worker/types.js";
 export type EngineSettings = Omit<EngineConfig, "maxModelLen" | "blockSize" | "numBlocks">;
 
 export interface ServingEngine extends EngineHandle, EngineStatsSource {
+  /** Rank 0's Ready. */
   readonly ready: ReadyMessage;
+  /** The kv_cache node's engine configuration (the LLM's, for a plain LLM). */
   readonly config: EngineConfig;
-  /** The model worker's process id. */
+  /** The model's graph (a plain LLM: node llm, walks prefill and decode). */
+  readonly graph: CompiledGraph;
+  /** Rank 0's process id. */
   readonly pid: number;
-  /** Called once if the model worker dies (not when it is shut down). */
+  /** Every worker's process id, by rank. */
+  readonly pids: readonly number[];
+  /** A request for the graph's own outputs (audio...); refused synchronously with RequestRejectedError. */
+  submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
+  /** Per-node queue depths, as of the last step. */
+  nodeStats(): NodeStats[];
+  /** Stateless batches' round trips since the last call. */
+  takeNodeSteps(): NodeStepSample[];
+  /** Tensors the control plane refers to, as of the last step (leak checks). */
+  readonly heldTensors: number;
+  /** Called once if a model worker dies (not when it is shut down). */
   onWorkerDeath(listener: (exit: WorkerExit) => void): void;
   /** Ends live requests ("abort"), then shuts the model worker down. Idempotent. */
   close(): Promise<void>;
@@ -25,6 +42,8 @@ export interface ServingEngine extends EngineHandle, EngineStatsSource {
 export interface ServingEngineOptions {
   worker: WorkerOptions;
   engine: EngineSettings;
+  /** `--deployment`: which worker rank runs which nodes; null or absent: one worker runs all. */
+  deployment?: Deployment | null;
   /** The engine core in its own thread (default true). */
   engineThread?: boolean;
   /** Aborting it while the worker loads stops the start (it then rejects). */

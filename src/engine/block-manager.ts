@@ -26,6 +26,8 @@ export interface BlockCounts {
 export interface KVCacheManager {
   readonly numBlocks: number;
   readonly blockSize: number;
+  /** False: findCachedPrefix finds nothing and nothing is cached. */
+  readonly enablePrefixCaching: boolean;
   /** Blocks an allocation can take now: free plus evictable cached blocks. */
   readonly numFreeBlocks: number;
   /**

@@ -45,6 +45,12 @@
 //   token is valid) and is not re-admitted before it arrives.
 // Outputs are the same with and without overlap; only the timing differs.
 //
+// Prompt logprobs (EngineRequest.promptLogprobs >= 0): such a request skips
+// prefix-cache hits (cached positions have no logits), so the worker scores
+// every prompt position as its chunks run; the entries gather on the Request
+// (a prompt recomputed after preemption adds none twice) and go out once,
+// with the request's first generated token.
+//
 // Structured output (a request with a grammar, given a StepMasks): a step's
 // grammar-constrained rows are marked in the Step, and their masks go to the
 // worker in a StepMask once every earlier step's result is processed (right
@@ -61,7 +67,7 @@ import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "../structured/step-masks.js";
-import type { EngineRequest, OutputCallback, RequestOutput, SchedulerConfig, StepExecutor, TokenLogprob } from "./types.js";
+import type { EngineRequest, OutputCallback, RequestOutput, RequestTiming, SchedulerConfig, StepExecutor, TokenLogprob } from "./types.js";
 
 export interface EngineConfig extends SchedulerConfig {
   /** Overlap scheduling: build and send step N+1 while the worker runs N (default on). */
@@ -151,6 +157,11 @@ export class EngineCore {
     this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
     this.checkExecutor(executor);
     this.limits = { ...config, vocabSize: executor.ready.vocab_size };
+  }
+
+  /** Whether requests with a grammar (structured output) can run here. */
+  get takesGrammars(): boolean {
+    return this.masks !== null;
   }
 
   get stats(): EngineStats {
@@ -329,6 +340,8 @@ export class EngineCore {
 
   /** Appends each sampled token, checks stops, frees finished requests, emits outputs. */
   private processResult(out: SchedulerOutput, message: StepMessage, result: StepResultMessage): void {
+    if (result.prompt_counts !== null) this.collectPromptLogprobs(out, message, result);
+    const now = performance.now();
     let k = 0;
     let topAt = 0;
     for (let i = 0; i < out.requests.length; i++) {
@@ -342,9 +355,44 @@ export class EngineCore {
       // A request preempted after this step was sent keeps its token (the worker computed it validly).
       if (request.status === "finished") continue;
       request.appendOutputToken(token);
+      if (request.firstTokenMs < 0) request.firstTokenMs = now;
+      request.lastTokenMs = now;
       const stop = checkStop(request, this.maxLen);
       if (stop !== null) this.finish(request);
-      this.emit(request, outputOf(request, token, logprob, stop));
+      const output = outputOf(request, token, logprob, stop);
+      if (request.promptLogprobs >= 0 && !request.promptLogprobsSent) {
+        request.promptLogprobsSent = true;
+        output.promptLogprobs = request.promptLogprobEntries;
+      }
+      this.emit(request, output);
+    }
+  }
+
+  /** Adds each row's prompt logprobs to its request; positions it already has (a recomputed prompt) are skipped. */
+  private collectPromptLogprobs(out: SchedulerOutput, message: StepMessage, result: StepResultMessage): void {
+    const counts = result.prompt_counts as Int32Array;
+    const { prompt_logprobs: logprobs, prompt_ranks: ranks, prompt_top_ids: topIds, prompt_top_logprobs: topLogprobs } = result;
+    if (counts.length !== out.requests.length || logprobs === null || ranks === null || topIds === null || topLogprobs === null) {
+      throw new Error(`step ${message.step_id}: prompt logprobs for ${counts.length} rows of ${out.requests.length}, or missing arrays`);
+    }
+    let at = 0;
+    let topAt = 0;
+    for (let i = 0; i < counts.length; i++) {
+      const count = counts[i] as number;
+      if (count === 0) continue;
+      const request = out.requests[i] as Request;
+      const k = Math.min(Math.max(request.promptLogprobs, 0), this.limits.vocabSize);
+      // Counts and offsets follow the worker's view; a resumed request asks for none (step-builder).
+      const entries = request.promptLogprobEntries;
+      const first = message.num_computed[i] as number;
+      for (let j = 0; j < count; j++, at++, topAt += k) {
+        // Position p scores prompt token p + 1.
+        const position = first + j;
+        if (position !== entries.length || request.promptLogprobsSent) continue;
+        const top: TokenLogprob["top"] = [];
+        for (let t = topAt; t < topAt + k; t++) top.push({ tokenId: topIds[t] as number, logprob: topLogprobs[t] as number });
+        entries.push({ tokenId: request.tokenIds[position + 1] as number, logprob: logprobs[at] as number, rank: ranks[at] as number, top });
+      }
     }
   }
 
@@ -421,7 +469,7 @@ export class EngineCore {
   private validate(req: EngineRequest): void {
     if (this.closed) throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
     if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
-    if (req.grammar != null && this.masks === null) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
+    if (req.grammar != null && !this.takesGrammars) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     checkSubmittable(req, this.limits);
   }
 
@@ -476,6 +524,8 @@ export function checkSubmittable(req: EngineRequest, limits: SubmitLimits): void
     if (!Number.isInteger(t) || t < 0 || t >= limits.vocabSize) reject(`prompt token ${i} (${t}) is outside the vocabulary [0, ${limits.vocabSize})`);
   }
   if (!Number.isInteger(req.stop.maxTokens) || req.stop.maxTokens < 1) reject(`maxTokens must be a positive integer, got ${req.stop.maxTokens}`);
+  const k = req.promptLogprobs ?? -1;
+  if (!Number.isInteger(k) || k < -1) reject(`promptLogprobs must be -1 or a count of alternatives, got ${k}`);
 }
 
 /** The worker must answer this step, one token per sampled row in row order. */
@@ -505,7 +555,7 @@ function tokenLogprob(result: StepResultMessage, k: number, token: number, topAt
 }
 
 function outputOf(request: Request, token: number, logprob: TokenLogprob | null, stop: StopResult | null): RequestOutput {
-  return {
+  const output: RequestOutput = {
     requestId: request.id,
     newTokenIds: [token],
     logprobs: logprob === null ? null : [logprob],
@@ -515,10 +565,25 @@ function outputOf(request: Request, token: number, logprob: TokenLogprob | null,
     numCachedTokens: Math.max(request.numCachedTokens, 0),
     error: null,
   };
+  if (stop !== null) addTiming(output, request);
+  return output;
 }
 
 function endOutput(request: Request, reason: "abort" | "error", error: string | null): RequestOutput {
-  return endingOutput(request.id, reason, error, Math.max(request.numCachedTokens, 0));
+  return addTiming(endingOutput(request.id, reason, error, Math.max(request.numCachedTokens, 0)), request);
+}
+
+/** The request's phases, on its final output, when it was scheduled and produced a token. */
+function addTiming(output: RequestOutput, request: Request): RequestOutput {
+  if (request.firstScheduledMs < 0 || request.firstTokenMs < 0) return output;
+  const timing: RequestTiming = {
+    queueMs: request.firstScheduledMs - request.submittedMs,
+    prefillMs: request.firstTokenMs - request.firstScheduledMs,
+    decodeMs: request.lastTokenMs - request.firstTokenMs,
+    inferenceMs: request.lastTokenMs - request.firstScheduledMs,
+  };
+  output.timing = timing;
+  return output;
 }
 
 /** The last output of a request that ends without a token (aborted, or failed with `error`). */

@@ -4,7 +4,7 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, OutputCallback, StopConditions } from "./types.js";
+import type { EngineRequest, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
 
 export type RequestStatus = "waiting" | "running" | "finished";
 
@@ -20,6 +20,16 @@ export class Request {
   readonly onOutput: OutputCallback;
   /** Structured output: the grammar of its answer (null: unconstrained). */
   readonly grammar: RequestGrammar | null;
+  /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
+  readonly promptLogprobs: number;
+  /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
+  readonly promptLogprobEntries: PromptTokenLogprob[] = [];
+  promptLogprobsSent = false;
+  /** Engine-clock times (performance.now() in the engine's thread) for RequestTiming; -1 until they happen. */
+  readonly submittedMs: number;
+  firstScheduledMs = -1;
+  firstTokenMs = -1;
+  lastTokenMs = -1;
 
   readonly numPromptTokens: number;
   /** Prompt followed by every sampled token: what the worker is told when the request is added. */
@@ -57,8 +67,15 @@ export class Request {
     this.arrivalMs = req.arrivalMs;
     this.onOutput = onOutput;
     this.grammar = req.grammar ?? null;
+    this.promptLogprobs = req.promptLogprobs ?? -1;
+    this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();
+  }
+
+  /** Asked for prompt logprobs and has not had them yet (a request resumed after they went out has no need). */
+  get needsPromptLogprobs(): boolean {
+    return this.promptLogprobs >= 0 && !this.promptLogprobsSent;
   }
 
   get numTokens(): number {

@@ -197,7 +197,9 @@ export class Scheduler {
       const request = this.waiting[0] as Request;
       // Preempted with a sampled token still in flight: wait for it (its tokens must be complete when re-added).
       if (request.numInFlightSamples > 0) break;
-      const cached = this.kv.findCachedPrefix(request);
+      // Prompt tokens served from the cache have no logits: a request that still needs prompt logprobs computes them all.
+      const readsCache = this.kv.enablePrefixCaching && !request.needsPromptLogprobs;
+      const cached = readsCache ? this.kv.findCachedPrefix(request) : [];
       const numCachedTokens = cached.length * blockSize;
       const numNew = Math.min(request.numTokens - numCachedTokens, budget);
       if (!this.kv.allocate(request, numCachedTokens + numNew, cached)) break;
@@ -205,8 +207,12 @@ export class Scheduler {
       if (request.numCachedTokens < 0) {
         // First admission only: a resumed request's hits are its own earlier blocks.
         request.numCachedTokens = numCachedTokens;
-        this.numPrefixQueryTokens += request.numPromptTokens;
-        this.numPrefixHitTokens += numCachedTokens;
+        request.firstScheduledMs = performance.now();
+        // Counted in tokens, and only for lookups that happened (vLLM).
+        if (readsCache) {
+          this.numPrefixQueryTokens += request.numPromptTokens;
+          this.numPrefixHitTokens += numCachedTokens;
+        }
       }
       request.numComputedTokens = numCachedTokens;
       request.status = "running";

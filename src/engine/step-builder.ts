@@ -8,8 +8,6 @@ import type { AddedRequest, StepMessage } from "../transport/messages.js";
 import type { Request } from "./request.js";
 import type { SchedulerOutput } from "./scheduler.js";
 
-const NO_MASK_ROWS = new Int32Array(0);
-
 export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMessage {
   const numRows = out.requests.length;
   let numNewBlocks = 0;
@@ -51,10 +49,17 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     new_block_counts: newBlockCounts,
     new_block_ids: newBlockIds,
     sample,
+    // Graph work (prompts, stateless passes, releases) is attached by the worker lane that sends the step.
+    prompts: [],
+    batches: [],
+    releases: NO_IDS,
+    finished_requests: [],
     // Grammar-constrained rows are marked by the engine core after building (structured/step-masks.ts).
-    mask_rows: NO_MASK_ROWS,
+    mask_rows: NO_IDS,
   };
 }
+
+const NO_IDS = new Int32Array(0);
 
 /** Everything the worker keeps for a request; a resumed request brings its outputs so far. */
 function addedRequest(request: Request): AddedRequest {
@@ -63,5 +68,6 @@ function addedRequest(request: Request): AddedRequest {
     token_ids: Int32Array.from(request.tokenIds),
     num_prompt_tokens: request.numPromptTokens,
     sampling: request.sampling,
+    prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
   };
 }

@@ -31,12 +31,36 @@ export interface EngineRequest {
   arrivalMs: number;
   /** Structured output: the grammar its answer must follow (compiled by the frontend first); absent or null: none. */
   grammar?: RequestGrammar | null;
+  /**
+   * -1 or absent: no prompt logprobs. k >= 0: the log-probability of every
+   * prompt token after the first, with the k most likely tokens at each
+   * position. Such a request computes its whole prompt (no prefix-cache hit).
+   */
+  promptLogprobs?: number;
 }
 
 export interface TokenLogprob {
   tokenId: number;
   logprob: number;
   top: { tokenId: number; logprob: number }[];
+}
+
+/** A prompt token's log-probability: its rank among all tokens (1 = most likely) and the top alternatives. */
+export interface PromptTokenLogprob extends TokenLogprob {
+  rank: number;
+}
+
+/**
+ * Where a finished request's time went (vLLM's request phases), measured in
+ * the engine's own clock: queue = submitted to first scheduled, prefill =
+ * first scheduled to first token, decode = first to last token, inference =
+ * first scheduled to last token. Milliseconds.
+ */
+export interface RequestTiming {
+  queueMs: number;
+  prefillMs: number;
+  decodeMs: number;
+  inferenceMs: number;
 }
 
 export interface RequestOutput {
@@ -53,6 +77,14 @@ export interface RequestOutput {
   numCachedTokens: number;
   /** Set with finishReason "error". */
   error: string | null;
+  /**
+   * With the first generated token of a request that asked for prompt
+   * logprobs: one entry per prompt token after the first (prompt token i + 1
+   * is entry i). Absent on every other output.
+   */
+  promptLogprobs?: PromptTokenLogprob[];
+  /** On the final output of a request that produced a token; absent otherwise. */
+  timing?: RequestTiming;
 }
 
 export type OutputCallback = (output: RequestOutput) => void;

@@ -1,13 +1,15 @@
 // API-key authentication (--api-key / BATON_API_KEY): every route but
-// /health needs `Authorization: Bearer <key>`. Keys are compared as SHA-256
-// digests with crypto.timingSafeEqual, so neither the key's content nor its
-// length leaks through timing.
+// /health and the dashboard page (its data routes do) needs `Authorization:
+// Bearer <key>`. Keys are compared as SHA-256 digests with
+// crypto.timingSafeEqual, so neither the key's content nor its length leaks
+// through timing.
 
 import { createHash, timingSafeEqual } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
+import { DASHBOARD_PAGE_PATHS } from "./dashboard/routes.js";
 
-/** Routes anyone may call (load balancers' health checks). */
-export const OPEN_ROUTES: ReadonlySet<string> = new Set(["/health"]);
+/** Routes anyone may call: load balancers' health checks, and the dashboard page (not its data). */
+export const OPEN_ROUTES: ReadonlySet<string> = new Set(["/health", ...DASHBOARD_PAGE_PATHS]);
 
 function digest(text: string): Buffer {
   return createHash("sha256").update(text, "utf8").digest();

@@ -7,9 +7,9 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
 import { ChatAnswer, checkToolChoice } from "./chat-answer.js";
 import type { ChatChoiceOutput } from "./chat-output.js";
-import { clampLogprob } from "./completions.js";
 import type { FrontendContext } from "./context.js";
-import type { OpenAIFinishReason, ResolvedLogprob } from "./generation.js";
+import type { OpenAIFinishReason } from "./generation.js";
+import { chatLogprobs, vllmPromptLogprobs } from "./logprobs-format.js";
 import { badRequest } from "./openai-error.js";
 import { parseChatRequest } from "./request-validation.js";
 import {
@@ -23,7 +23,6 @@ import {
   type StreamFormat,
   type Usage,
 } from "./run-generation.js";
-import { utf8Bytes } from "./token-strings.js";
 import { attachGrammar, compileRequestGrammar, toolChoiceGrammar } from "./structured-output.js";
 import { withParsedToolArguments } from "./tool-request.js";
 
@@ -58,27 +57,10 @@ export function renderChatPrompt(ctx: FrontendContext, req: ChatRenderRequest): 
   }
 }
 
-interface ChatLogprobEntry {
-  token: string;
-  logprob: number;
-  bytes: number[];
-  top_logprobs: { token: string; logprob: number; bytes: number[] }[];
-}
-
-function chatLogprobs(entries: readonly ResolvedLogprob[]): { content: ChatLogprobEntry[] } {
-  return {
-    content: entries.map((e) => ({
-      token: e.token,
-      logprob: clampLogprob(e.logprob),
-      bytes: utf8Bytes(e.token),
-      top_logprobs: e.top.map((t) => ({ token: t.token, logprob: clampLogprob(t.logprob), bytes: utf8Bytes(t.token) })),
-    })),
-  };
-}
-
 export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
   const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize });
+  ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   checkToolChoice(ctx, req);
@@ -127,7 +109,7 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
       delta(index, delta) {
         const shown = answer.deltas(outputs.get(index) as ChatChoiceOutput, delta.text, delta.finishReason);
         if (shown === null) return null;
-        // The step's logprobs and ids go with its first chunk, the finish reason with its last.
+        // The step's logprobs, ids and prompt logprobs go with its first chunk, the finish reason with its last.
         return shown.deltas.map((fields, k) => {
           const first = k === 0;
           const last = k === shown.deltas.length - 1;
@@ -139,7 +121,8 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
           };
           if (last && delta.finishReason !== null) choice.stop_reason = delta.stopReason;
           if (req.returnTokenIds) choice.token_ids = first ? delta.tokenIds : [];
-          return chunk([choice]);
+          // vLLM puts prompt_logprobs on the response; in a stream, on the first chunk with tokens.
+          return chunk([choice], first && delta.promptLogprobs !== null ? { prompt_logprobs: vllmPromptLogprobs(delta.promptLogprobs) } : {});
         });
       },
       usage: (usage) => chunk([], {}, usage),
@@ -167,6 +150,7 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
       return choice;
     }),
     usage: result.usage,
+    prompt_logprobs: result.choices[0]?.promptLogprobs ? vllmPromptLogprobs(result.choices[0].promptLogprobs) : null,
     ...(req.returnTokenIds ? { prompt_token_ids: promptIds } : {}),
   };
 }

@@ -5,7 +5,9 @@
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { FrontendContext } from "./context.js";
-import type { OpenAIFinishReason, ResolvedLogprob } from "./generation.js";
+import { TokenTextSession } from "../text/token-text.js";
+import type { OpenAIFinishReason, ResolvedLogprob, ResolvedPromptLogprob } from "./generation.js";
+import { CompletionLogprobsBuilder, generatedEntries, promptEntries, vllmPromptLogprobs, type CompletionLogprobs } from "./logprobs-format.js";
 import { badRequest } from "./openai-error.js";
 import { parseCompletionRequest } from "./request-validation.js";
 import { attachGrammar, compileRequestGrammar } from "./structured-output.js";
@@ -21,13 +23,6 @@ import {
   type Usage,
 } from "./run-generation.js";
 
-interface CompletionLogprobs {
-  text_offset: number[];
-  token_logprobs: (number | null)[];
-  tokens: string[];
-  top_logprobs: (Record<string, number> | null)[];
-}
-
 interface CompletionChoice {
   index: number;
   text: string;
@@ -36,45 +31,39 @@ interface CompletionChoice {
   stop_reason: number | string | null;
   token_ids?: number[];
   prompt_token_ids?: number[];
+  prompt_logprobs?: ReturnType<typeof vllmPromptLogprobs> | null;
 }
 
-/** JSON has no -Infinity; vLLM clamps the same way. */
-export function clampLogprob(logprob: number): number {
-  return Math.max(logprob, -9999);
-}
-
-/** Builds completions logprobs; offsets count characters from `offset`. */
-class CompletionLogprobsBuilder {
-  constructor(private offset: number) {}
-
-  build(entries: readonly ResolvedLogprob[], promptTokens: readonly string[] = []): CompletionLogprobs {
-    const out: CompletionLogprobs = { text_offset: [], token_logprobs: [], tokens: [], top_logprobs: [] };
-    for (const token of promptTokens) {
-      out.text_offset.push(this.offset);
-      this.offset += token.length;
-      out.tokens.push(token);
-      out.token_logprobs.push(null);
-      out.top_logprobs.push(null);
-    }
-    for (const entry of entries) {
-      out.text_offset.push(this.offset);
-      this.offset += entry.token.length;
-      out.tokens.push(entry.token);
-      out.token_logprobs.push(clampLogprob(entry.logprob));
-      const top: Record<string, number> = {};
-      if (entry.top.length > 0) {
-        for (const t of entry.top) top[t.token] = clampLogprob(t.logprob);
-        top[entry.token] = clampLogprob(entry.logprob);
-      }
-      out.top_logprobs.push(top);
-    }
-    return out;
+/**
+ * Each prompt token's share of the echoed text. For a text prompt the
+ * tokens the tokenizer added (BOS) are not in the text and add ""; the
+ * rest start the text (a SentencePiece decoder drops the first token's
+ * leading space there, as in the text).
+ */
+async function echoTokenTexts(ctx: FrontendContext, prompt: string | number[], ids: number[]): Promise<string[]> {
+  let from = 0;
+  let to = ids.length;
+  if (typeof prompt === "string") {
+    const own = await ctx.tokenizer.encode(prompt, false);
+    const at = indexOfRun(ids, own);
+    if (at >= 0) [from, to] = [at, at + own.length];
   }
+  const texts = new TokenTextSession(ctx.tokenizer.vocabulary, [], false).push(ids.slice(from, to), true).map((t) => t.text);
+  return [...new Array<string>(from).fill(""), ...texts, ...new Array<string>(ids.length - to).fill("")];
+}
+
+function indexOfRun(haystack: readonly number[], needle: readonly number[]): number {
+  outer: for (let i = 0; i + needle.length <= haystack.length; i++) {
+    for (let j = 0; j < needle.length; j++) if (haystack[i + j] !== needle[j]) continue outer;
+    return i;
+  }
+  return -1;
 }
 
 export async function handleCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
   const req = parseCompletionRequest(request.body, { vocabSize: ctx.vocabSize });
+  ctx.noteIgnoredFields("/v1/completions", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   const prompts: number[][] = [];
@@ -91,31 +80,56 @@ export async function handleCompletion(ctx: FrontendContext, request: FastifyReq
   const created = unixSeconds();
   const model = ctx.servedModelName;
   const wantsLogprobs = req.logprobs >= 0;
+  // Echoed with logprobs, the prompt's tokens lead the logprobs (scored by the prompt logprobs echo asks for).
+  const echoLogprobs = req.echo && wantsLogprobs;
 
-  // echo: the prompt's text (as given, or decoded from ids) comes first.
+  // echo: the prompt's text comes first: as given, or for token ids their
+  // texts joined (tokenizer.decode(ids), special tokens included, except that
+  // a run of byte tokens that is not valid UTF-8 keeps the bytes that are).
   const promptTexts: string[] = [];
-  const promptTokenStrings: string[][] = [];
+  const promptTokenTexts: string[][] = [];
   if (req.echo) {
     for (const [i, prompt] of req.prompts.entries()) {
-      promptTexts.push(typeof prompt === "string" ? prompt : await ctx.tokenizer.decode(prompt, false));
-      promptTokenStrings.push(wantsLogprobs ? await ctx.tokenStrings.strings(prompts[i] as number[]) : []);
+      const ids = prompts[i] as number[];
+      const texts = echoLogprobs || typeof prompt !== "string" ? await echoTokenTexts(ctx, prompt, ids) : [];
+      promptTexts.push(typeof prompt === "string" ? prompt : texts.join(""));
+      promptTokenTexts.push(texts);
     }
   }
+
+  /** What a choice shows of its prompt and generation, from one delta or the whole. */
+  const shape = (
+    promptIndex: number,
+    withEcho: boolean,
+    text: string,
+    tokenIds: number[],
+    logprobs: readonly ResolvedLogprob[] | null,
+    promptLogprobs: readonly ResolvedPromptLogprob[] | null,
+    builder: CompletionLogprobsBuilder | null,
+  ): { text: string; tokenIds: number[]; logprobs: CompletionLogprobs | null } => {
+    // max_tokens 0 with echo: the one token generated is not shown.
+    const generated = req.echoOnly ? { text: "", tokenIds: [], logprobs: [] } : { text, tokenIds, logprobs: logprobs ?? [] };
+    const echo = withEcho ? (promptTexts[promptIndex] ?? "") : "";
+    if (builder === null) return { text: echo + generated.text, tokenIds: generated.tokenIds, logprobs: null };
+    const entries = [...(withEcho ? promptEntries(promptTokenTexts[promptIndex] ?? [], promptLogprobs) : []), ...generatedEntries(generated.logprobs)];
+    return { text: echo + generated.text, tokenIds: generated.tokenIds, logprobs: builder.build(entries) };
+  };
+
+  // With max_tokens 0 nothing generated is shown, and none is counted.
+  const shownUsage = (usage: Usage): Usage => (req.echoOnly ? { ...usage, completion_tokens: 0, total_tokens: usage.prompt_tokens } : usage);
 
   const choiceOf = (
     index: number,
     promptIndex: number,
-    text: string,
-    ids: number[],
-    logprobs: CompletionLogprobs | null,
+    shown: { text: string; tokenIds: number[]; logprobs: CompletionLogprobs | null },
     finish: OpenAIFinishReason | null,
     stop: number | string | null,
     withPrompt: boolean,
   ): CompletionChoice => {
-    const c: CompletionChoice = { index, text, logprobs, finish_reason: finish, stop_reason: stop };
+    const c: CompletionChoice = { index, text: shown.text, logprobs: shown.logprobs, finish_reason: finish, stop_reason: stop };
     if (req.returnTokenIds) {
       if (withPrompt) c.prompt_token_ids = prompts[promptIndex] as number[];
-      c.token_ids = ids;
+      c.token_ids = shown.tokenIds;
     }
     return c;
   };
@@ -137,34 +151,36 @@ export async function handleCompletion(ctx: FrontendContext, request: FastifyReq
         const spec = specs[index] as (typeof specs)[number];
         const first = !started.has(index);
         started.add(index);
-        const echoText = first && req.echo ? (promptTexts[spec.promptIndex] ?? "") : "";
-        let logprobs: CompletionLogprobs | null = null;
+        let builder: CompletionLogprobsBuilder | null = null;
         if (wantsLogprobs) {
-          let builder = builders.get(index);
-          if (!builder) builders.set(index, (builder = new CompletionLogprobsBuilder(0)));
-          logprobs = builder.build(delta.logprobs ?? [], first && req.echo ? promptTokenStrings[spec.promptIndex] : []);
+          builder = builders.get(index) ?? new CompletionLogprobsBuilder(req.logprobs);
+          builders.set(index, builder);
         }
-        return chunk([choiceOf(index, spec.promptIndex, echoText + delta.text, delta.tokenIds, logprobs, delta.finishReason, delta.stopReason, first)]);
+        const shown = shape(spec.promptIndex, first && req.echo, delta.text, delta.tokenIds, delta.logprobs, delta.promptLogprobs, builder);
+        const choice = choiceOf(index, spec.promptIndex, shown, delta.finishReason, delta.stopReason, first);
+        if (delta.promptLogprobs !== null) choice.prompt_logprobs = vllmPromptLogprobs(delta.promptLogprobs);
+        return chunk([choice]);
       },
-      usage: (usage) => chunk([], usage),
+      usage: (usage) => chunk([], shownUsage(usage)),
     };
     streamGeneration(ctx, specs, req, format, reply);
     return reply;
   }
 
   const result = await collectGeneration(ctx, specs, req, reply);
+  const usage = shownUsage(result.usage);
   return {
     id,
     object: "text_completion",
     created,
     model,
     choices: result.choices.map((c) => {
-      const echoText = req.echo ? (promptTexts[c.promptIndex] ?? "") : "";
-      const logprobs = wantsLogprobs
-        ? new CompletionLogprobsBuilder(0).build(c.logprobs ?? [], req.echo ? promptTokenStrings[c.promptIndex] : [])
-        : null;
-      return choiceOf(c.index, c.promptIndex, echoText + c.text, c.tokenIds, logprobs, c.finishReason, c.stopReason, true);
+      const builder = wantsLogprobs ? new CompletionLogprobsBuilder(req.logprobs) : null;
+      const shown = shape(c.promptIndex, req.echo, c.text, c.tokenIds, c.logprobs, c.promptLogprobs, builder);
+      const choice = choiceOf(c.index, c.promptIndex, shown, c.finishReason, c.stopReason, true);
+      choice.prompt_logprobs = c.promptLogprobs === null ? null : vllmPromptLogprobs(c.promptLogprobs);
+      return choice;
     }),
-    usage: result.usage,
+    usage,
   };
 }

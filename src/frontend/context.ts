@@ -33,4 +33,6 @@ export interface FrontendContext {
   grammars: GrammarCompiling | null;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
+  /** A request carried fields this route ignores (logged once per field name). */
+  noteIgnoredFields(route: string, names: readonly string[]): void;
 }

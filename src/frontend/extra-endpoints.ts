@@ -179,6 +179,7 @@ function nativeLogprobs(entries: readonly ResolvedLogprob[] | null): object[] | 
 export async function handleGenerate(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
   const req = parseGenerateRequest(request.body, { vocabSize: ctx.vocabSize });
+  ctx.noteIgnoredFields("/generate", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   const promptIds = [...(req.promptTokenIds ?? [])];

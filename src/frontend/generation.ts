@@ -4,9 +4,10 @@
 // is reached only through submit/abort and the output callback.
 
 import { RequestRejectedError } from "../engine/engine-core.js";
-import type { EngineRequest, OutputCallback, RequestOutput, TokenLogprob } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, PromptTokenLogprob, RequestOutput, TokenLogprob } from "../engine/types.js";
 import type { DetokenizerSession } from "../text/detokenizer.js";
 import type { StopStringMatcher } from "../text/stop-strings.js";
+import type { TokenText, TokenTextSession, TokenVocabulary } from "../text/token-text.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
 
 /** The part of EngineCore the frontend uses. */
@@ -22,12 +23,27 @@ export interface EngineHandle {
 
 export type OpenAIFinishReason = "stop" | "length";
 
-/** A logprob entry with the token strings resolved (tokenizer.decode of each id). */
-export interface ResolvedLogprob {
+/** A token on its own (an alternative): TokenVocabulary.lone and its bytes. */
+export interface ResolvedAlternative {
   tokenId: number;
   token: string;
+  bytes: number[];
   logprob: number;
-  top: { tokenId: number; token: string; logprob: number }[];
+}
+
+/**
+ * A generated token's logprob with its text: the text it adds to the output
+ * (the strings of a choice join to its text), the bytes it adds, and the top
+ * alternatives, each on its own (the generated token among them keeps its text).
+ */
+export interface ResolvedLogprob extends ResolvedAlternative {
+  top: ResolvedAlternative[];
+}
+
+/** A prompt token's logprob (vLLM's prompt_logprobs): the token and its alternatives on their own, with its rank. */
+export interface ResolvedPromptLogprob extends ResolvedAlternative {
+  rank: number;
+  top: ResolvedAlternative[];
 }
 
 export interface GenerationDelta {
@@ -37,6 +53,8 @@ export interface GenerationDelta {
   tokenIds: number[];
   /** One entry per id in tokenIds when the request asked for logprobs, else null. */
   logprobs: ResolvedLogprob[] | null;
+  /** With the first tokens of a request that asked for prompt logprobs: one entry per prompt token after the first; else null. */
+  promptLogprobs: ResolvedPromptLogprob[] | null;
   finishReason: OpenAIFinishReason | null;
   /** vLLM's stop_reason: the stop_token_ids entry or stop string that ended the request; null for EOS and length. */
   stopReason: number | string | null;
@@ -45,8 +63,10 @@ export interface GenerationDelta {
 export interface GenerationOptions {
   /** Stop strings of the request; null when it has none. */
   stopStrings?: StopStringMatcher | null;
-  /** Turns the engine's logprobs into entries with token strings; needed when the request asks for logprobs. */
-  resolveLogprobs?: ((logprobs: TokenLogprob[]) => Promise<ResolvedLogprob[]>) | null;
+  /** Token strings of alternatives and prompt tokens; needed when the request asks for logprobs or prompt logprobs. */
+  vocabulary?: TokenVocabulary | null;
+  /** The text each generated token adds; needed when the request asks for logprobs. */
+  tokenTexts?: TokenTextSession | null;
 }
 
 export interface GenerationSink {
@@ -168,13 +188,22 @@ export class Generation {
     // Stop strings are not checked before min_tokens are out (vLLM).
     const checkStops = this.generatedTokens >= this.request.stop.minTokens;
     const textPromise = this.detokenizer.push(textIds, output.finished);
-    const resolve = this.options.resolveLogprobs;
-    const logprobsPromise = resolve && output.logprobs !== null ? resolve(output.logprobs) : Promise.resolve(null);
-    const both = Promise.all([textPromise, logprobsPromise]);
+    const vocab = this.options.vocabulary ?? null;
+    const session = this.options.tokenTexts ?? null;
+    let logprobs: ResolvedLogprob[] | null = null;
+    if (session !== null && vocab !== null && output.logprobs !== null) {
+      // The stop token adds no text (it is not part of the output text). The
+      // bytes arrays are shared with the session: a token held back as part of
+      // a character gets its bytes when a later token completes the character.
+      const texts = session.push(textIds, output.finished);
+      if (textIds.length < ids.length) texts.push({ text: "", bytes: [] });
+      logprobs = resolveLogprobs(output.logprobs, texts, vocab);
+    }
+    const promptLogprobs = vocab !== null && output.promptLogprobs !== undefined ? resolvePromptLogprobs(output.promptLogprobs, vocab) : null;
     this.tail = this.tail.then(
       () =>
-        both.then(
-          ([text, logprobs]) => {
+        textPromise.then(
+          (text) => {
             if (this.closed) return;
             let finish = finishReason;
             let stop: number | string | null = stopReason;
@@ -192,10 +221,38 @@ export class Generation {
             }
             if (output.finished) this.closed = true;
             this.completionTokens += ids.length;
-            this.sink.onDelta({ text, tokenIds: ids, logprobs, finishReason: finish, stopReason: stop });
+            this.sink.onDelta({ text, tokenIds: ids, logprobs, promptLogprobs, finishReason: finish, stopReason: stop });
           },
           (error: unknown) => this.fail(serverError(`detokenization failed: ${(error as Error).message}`)),
         ),
     );
   }
+}
+
+function alternatives(top: TokenLogprob["top"], vocab: TokenVocabulary, chosen: ResolvedAlternative | null): ResolvedAlternative[] {
+  return top.map((t) =>
+    chosen !== null && t.tokenId === chosen.tokenId
+      ? { ...chosen, logprob: t.logprob }
+      : { tokenId: t.tokenId, token: vocab.lone(t.tokenId), bytes: vocab.loneBytes(t.tokenId), logprob: t.logprob },
+  );
+}
+
+/** Generated tokens' logprobs with the text each adds (texts[i] for logprobs[i]). */
+function resolveLogprobs(logprobs: readonly TokenLogprob[], texts: readonly TokenText[], vocab: TokenVocabulary): ResolvedLogprob[] {
+  return logprobs.map((entry, i) => {
+    const own = texts[i] ?? { text: vocab.lone(entry.tokenId), bytes: vocab.loneBytes(entry.tokenId) };
+    const chosen: ResolvedAlternative = { tokenId: entry.tokenId, token: own.text, bytes: own.bytes, logprob: entry.logprob };
+    return { ...chosen, top: alternatives(entry.top, vocab, chosen) };
+  });
+}
+
+function resolvePromptLogprobs(entries: readonly PromptTokenLogprob[], vocab: TokenVocabulary): ResolvedPromptLogprob[] {
+  return entries.map((entry) => ({
+    tokenId: entry.tokenId,
+    token: vocab.lone(entry.tokenId),
+    bytes: vocab.loneBytes(entry.tokenId),
+    logprob: entry.logprob,
+    rank: entry.rank,
+    top: alternatives(entry.top, vocab, null),
+  }));
 }

@@ -2,7 +2,8 @@
 // checked with zod schemas. Every error names the parameter (its full path,
 // e.g. "messages[0].role" or "stop_token_ids[1]"), so a client sees which one
 // is wrong. null means "default" for every optional field (the OpenAI clients
-// send it). Unknown fields are ignored, as OpenAI does; known parameters that
+// send it). Unknown fields are ignored, as OpenAI and vLLM do, and named in
+// the result (ignoredFields) so the server can log them; known parameters that
 // Baton does not implement are refused when they would change the output.
 
 import { z } from "zod";
@@ -16,6 +17,9 @@ export interface ValidationLimits {
   /** Token ids must be below this (the model's vocabulary size). */
   vocabSize: number;
 }
+
+/** The message roles of OpenAI's chat API (vLLM accepts the same). */
+export const MESSAGE_ROLES: readonly string[] = ["system", "developer", "user", "assistant", "tool", "function"];
 
 /** vLLM's default --max-logprobs. */
 export const MAX_LOGPROBS = 20;
@@ -57,12 +61,18 @@ export interface SamplingRequest {
   priority: number;
   /** Structured output (response_format, structured_outputs, guided_*); null: none. */
   structuredOutput: RequestedGrammar | null;
+  /** vLLM's prompt_logprobs: -1 none, k >= 0 the prompt tokens' logprobs with k alternatives each. */
+  promptLogprobs: number;
+  /** Top-level body fields this endpoint does not know (ignored). */
+  ignoredFields: string[];
 }
 
 export interface CompletionRequest extends SamplingRequest {
   /** One entry per prompt: text, or token ids given directly. */
   prompts: (string | number[])[];
   echo: boolean;
+  /** max_tokens 0 with echo: the prompt comes back (with its logprobs), nothing is generated. */
+  echoOnly: boolean;
 }
 
 export interface ChatRequest extends SamplingRequest {
@@ -133,11 +143,16 @@ const samplingShape = {
   guided_grammar: z.unknown(),
 };
 
+const promptLogprobsShape = opt(int().min(0, `in [0, ${MAX_LOGPROBS}]`).max(MAX_LOGPROBS, `in [0, ${MAX_LOGPROBS}]`));
+
 const completionSchema = z.object({
   ...samplingShape,
+  // 0 only with echo (checked below): the prompt comes back and nothing is generated.
+  max_tokens: opt(int().min(0, "at least 0")),
   prompt: z.unknown(),
   echo: opt(bool()),
   logprobs: opt(int().min(0, `in [0, ${MAX_LOGPROBS}]`).max(MAX_LOGPROBS, `in [0, ${MAX_LOGPROBS}]`)),
+  prompt_logprobs: promptLogprobsShape,
 });
 
 const chatSchema = z.object({
@@ -154,6 +169,7 @@ const chatSchema = z.object({
   tool_choice: z.unknown(),
   include_reasoning: opt(bool()),
   parallel_tool_calls: opt(bool()),
+  prompt_logprobs: promptLogprobsShape,
 });
 
 const generateSchema = z.object({
@@ -226,6 +242,12 @@ function toApiError(issue: z.ZodIssue, body: unknown): ApiError {
   }
 }
 
+/** Top-level keys of the body that the schema does not know. */
+function unknownKeys(schema: z.AnyZodObject, raw: unknown): string[] {
+  if (typeof raw !== "object" || raw === null) return [];
+  return Object.keys(raw).filter((key) => !(key in schema.shape));
+}
+
 function parseWith<T extends z.ZodTypeAny>(schema: T, raw: unknown): z.infer<T> {
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
     throw badRequest(`the request body must be a JSON object, got ${describe(raw)}`);
@@ -259,6 +281,7 @@ function parseSampling(
   maxTokens: number | null,
   maxTokensParam: "max_tokens" | "max_completion_tokens",
   logprobs: number,
+  ignoredFields: string[],
 ): SamplingRequest {
   const n = body.n ?? 1;
   refuseUnsupported(body, n);
@@ -298,6 +321,8 @@ function parseSampling(
     user: body.user ?? null,
     priority: body.priority ?? 0,
     structuredOutput: parseStructuredOutput(body),
+    promptLogprobs: -1,
+    ignoredFields,
   };
 }
 
@@ -336,11 +361,19 @@ function parsePrompts(prompt: unknown, limits: ValidationLimits): (string | numb
 export function parseCompletionRequest(raw: unknown, limits: ValidationLimits): CompletionRequest {
   const body = parseWith(completionSchema, raw);
   const prompts = parsePrompts(body.prompt, limits);
-  const sampling = parseSampling(body, limits, body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", body.logprobs ?? -1);
+  const echo = body.echo ?? false;
+  // vLLM: max_tokens 0 with echo returns the prompt alone; one token is generated and dropped.
+  const echoOnly = echo && body.max_tokens === 0;
+  if (body.max_tokens === 0 && !echo) throw badRequest("max_tokens must be at least 1 (0 is allowed only with echo), got 0", "max_tokens");
+  const maxTokens = echoOnly ? 1 : (body.max_tokens ?? COMPLETIONS_DEFAULT_MAX_TOKENS);
+  const logprobs = body.logprobs ?? -1;
+  const sampling = parseSampling(body, limits, maxTokens, "max_tokens", logprobs, unknownKeys(completionSchema, raw));
   if (prompts.length * sampling.n > MAX_CHOICES) {
     throw badRequest(`n (${sampling.n}) times the number of prompts (${prompts.length}) must be at most ${MAX_CHOICES}`, "n");
   }
-  return { ...sampling, prompts, echo: body.echo ?? false };
+  // echo with logprobs scores the prompt too (vLLM: prompt_logprobs defaults to logprobs then).
+  const promptLogprobs = body.prompt_logprobs ?? (echo ? logprobs : -1);
+  return { ...sampling, promptLogprobs, prompts, echo, echoOnly };
 }
 
 export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRequest {
@@ -351,7 +384,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
   const wantsLogprobs = body.logprobs ?? false;
   const topLogprobs = body.top_logprobs ?? 0;
   if (topLogprobs > 0 && !wantsLogprobs) throw badRequest("top_logprobs requires logprobs to be true", "top_logprobs");
-  const sampling = parseSampling(body, limits, maxTokens, useCompletionTokens ? "max_completion_tokens" : "max_tokens", wantsLogprobs ? topLogprobs : -1);
+  const sampling = parseSampling(body, limits, maxTokens, useCompletionTokens ? "max_completion_tokens" : "max_tokens", wantsLogprobs ? topLogprobs : -1, unknownKeys(chatSchema, raw));
   let messages: TemplateMessage[];
   try {
     messages = normalizeMessages(body.messages);
@@ -359,6 +392,11 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
     throw error;
   }
+  messages.forEach((message, i) => {
+    if (!MESSAGE_ROLES.includes(message.role)) {
+      throw badRequest(`messages[${i}].role: unknown role ${JSON.stringify(message.role)} (expected one of ${MESSAGE_ROLES.join(", ")})`, `messages[${i}].role`);
+    }
+  });
   const addGenerationPrompt = body.add_generation_prompt ?? true;
   const continueFinalMessage = body.continue_final_message ?? false;
   if (continueFinalMessage && addGenerationPrompt) {
@@ -369,6 +407,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
   }
   return {
     ...sampling,
+    promptLogprobs: body.prompt_logprobs ?? -1,
     messages,
     addGenerationPrompt,
     continueFinalMessage,
@@ -390,7 +429,7 @@ export function parseGenerateRequest(raw: unknown, limits: ValidationLimits): Ge
   if ((ids === null || ids.length === 0) && (prompt === null || prompt === "")) {
     throw badRequest("give prompt_token_ids or prompt (or both)", "prompt_token_ids");
   }
-  const sampling = parseSampling(body, limits, body.max_tokens ?? null, "max_tokens", body.logprobs ?? -1);
+  const sampling = parseSampling(body, limits, body.max_tokens ?? null, "max_tokens", body.logprobs ?? -1, unknownKeys(generateSchema, raw));
   if (sampling.n !== 1) throw badRequest("/generate runs one sequence per request (n must be 1)", "n");
   return { ...sampling, promptTokenIds: ids, prompt };
 }

@@ -7,8 +7,9 @@ import { randomUUID } from "node:crypto";
 import type { FastifyReply } from "fastify";
 import type { EngineRequest } from "../engine/types.js";
 import { StopStringMatcher } from "../text/stop-strings.js";
+import { TokenTextSession } from "../text/token-text.js";
 import type { FrontendContext } from "./context.js";
-import { Generation, type GenerationDelta, type OpenAIFinishReason, type ResolvedLogprob } from "./generation.js";
+import { Generation, type GenerationDelta, type OpenAIFinishReason, type ResolvedLogprob, type ResolvedPromptLogprob } from "./generation.js";
 import { ApiError, modelNotFound, serviceUnavailable, type OpenAIErrorBody } from "./openai-error.js";
 import type { SamplingRequest } from "./request-validation.js";
 import { resolveMaxTokens, toEngineRequest } from "./sampling.js";
@@ -36,6 +37,8 @@ export interface CollectedChoice {
   tokenIds: number[];
   /** One entry per generated token when logprobs were asked for. */
   logprobs: ResolvedLogprob[] | null;
+  /** One entry per prompt token after the first when prompt logprobs were asked for. */
+  promptLogprobs: ResolvedPromptLogprob[] | null;
   finishReason: OpenAIFinishReason;
   stopReason: number | string | null;
 }
@@ -130,9 +133,11 @@ function usageOf(specs: readonly ChoiceSpec[], generations: readonly Generation[
 
 function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[4]): Generation {
   const session = ctx.detokenizer.session(spec.request.promptIds, req.skipSpecialTokens);
+  const vocabulary = ctx.tokenizer.vocabulary;
   return new Generation(ctx.engine, ctx.registry, session, spec.request, sink, {
     stopStrings: req.stop.length > 0 ? new StopStringMatcher(req.stop, req.includeStopStrInOutput) : null,
-    resolveLogprobs: spec.request.sampling.logprobs >= 0 ? (logprobs) => ctx.tokenStrings.resolve(logprobs) : null,
+    vocabulary,
+    tokenTexts: spec.request.sampling.logprobs >= 0 ? new TokenTextSession(vocabulary, spec.request.promptIds, req.skipSpecialTokens) : null,
   });
 }
 
@@ -157,11 +162,13 @@ export function collectGeneration(
       const parts: string[] = [];
       const tokenIds: number[] = [];
       const logprobs: ResolvedLogprob[] = [];
+      let promptLogprobs: ResolvedPromptLogprob[] | null = null;
       const generation = newGeneration(ctx, spec, req, {
         onDelta(delta) {
           parts.push(delta.text);
           for (const id of delta.tokenIds) tokenIds.push(id);
           if (delta.logprobs) for (const entry of delta.logprobs) logprobs.push(entry);
+          if (delta.promptLogprobs) promptLogprobs = delta.promptLogprobs;
           if (delta.finishReason === null) return;
           results[k] = {
             index: spec.index,
@@ -169,6 +176,7 @@ export function collectGeneration(
             text: parts.join(""),
             tokenIds,
             logprobs: spec.request.sampling.logprobs >= 0 ? logprobs : null,
+            promptLogprobs,
             finishReason: delta.finishReason,
             stopReason: delta.stopReason,
           };
@@ -221,22 +229,26 @@ export function streamGeneration(
     // Ids (and logprobs) of steps whose text was held back travel with the next chunk that has text.
     let pendingIds: number[] = [];
     let pendingLogprobs: ResolvedLogprob[] = [];
+    let pendingPromptLogprobs: ResolvedPromptLogprob[] | null = null;
     const generation = newGeneration(ctx, spec, req, {
       onDelta(delta) {
         if (ended) return;
         pendingIds = pendingIds.length === 0 ? delta.tokenIds : pendingIds.concat(delta.tokenIds);
         if (delta.logprobs) pendingLogprobs = pendingLogprobs.concat(delta.logprobs);
+        if (delta.promptLogprobs) pendingPromptLogprobs = delta.promptLogprobs;
         if (delta.text === "" && delta.finishReason === null) return;
         const chunk = format.delta(spec.index, {
           ...delta,
           tokenIds: pendingIds,
           logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
+          promptLogprobs: pendingPromptLogprobs,
         });
         if (chunk === null) return;
         if (Array.isArray(chunk)) for (const c of chunk) sse.send(c);
         else sse.send(chunk);
         pendingIds = [];
         pendingLogprobs = [];
+        pendingPromptLogprobs = null;
         if (delta.finishReason === null) return;
         remaining--;
         if (remaining > 0) return;

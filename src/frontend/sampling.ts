@@ -86,6 +86,7 @@ export function toEngineRequest(
     stop: toStopConditions(req, maxTokens, limits),
     priority: checkedPriority(req, limits),
     arrivalMs,
+    promptLogprobs: req.promptLogprobs,
   };
 }
 

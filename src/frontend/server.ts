@@ -21,10 +21,15 @@ import { apiKeyHook } from "./auth.js";
 import type { Logger } from "../observability/logger.js";
 import type { BatonMetrics } from "../observability/metrics.js";
 import { observeEngine } from "../observability/observed-engine.js";
+import multipart from "@fastify/multipart";
+import { registerDashboard } from "./dashboard/routes.js";
+import { handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
+import type { DashboardSource } from "./dashboard/snapshot.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
-  tokenizer: TextTokenizer;
+  /** null for a model without text output (a speech model): the text endpoints answer 400 saying so. */
+  tokenizer: TextTokenizer | null;
   chatTemplate: ChatTemplate | null;
   servedModelName: string;
   maxModelLen: number;
@@ -55,6 +60,10 @@ export interface ServerOptions {
   enableAutoToolChoice?: boolean;
   /** The grammar engine (structured output); absent: structured output requests get a 400. */
   grammars?: GrammarCompiling | null;
+  /** A graph of models with non-text outputs: /v1/audio/speech and multipart /generate. */
+  graph?: Omit<GraphEndpointsOptions, "unavailableReason"> | null;
+  /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
+  dashboard?: DashboardSource | null;
 }
 
 export interface BatonServer {
@@ -68,6 +77,8 @@ export interface BatonServer {
 }
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+const HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] as const;
 
 function errorType(status: number): ApiErrorType {
   if (status === 404) return "not_found_error";
@@ -86,11 +97,15 @@ export function buildServer(options: ServerOptions): BatonServer {
     unavailableReason: () => unavailable,
     onReject: (reason) => metrics?.reject(reason),
   });
-  const ctx: FrontendContext = {
+  const tokenizer = options.tokenizer;
+  const ctx: FrontendContext | null =
+    tokenizer === null
+      ? null
+      : {
     engine: observeEngine(options.engine, { recorder: metrics, logger: options.logger ?? null, onSubmit: () => admission.releaseCurrent() }),
-    tokenizer: options.tokenizer,
-    detokenizer: new DetokenizerBatcher(options.tokenizer),
-    tokenStrings: new TokenStrings(options.tokenizer),
+    tokenizer,
+    detokenizer: new DetokenizerBatcher(tokenizer),
+    tokenStrings: new TokenStrings(tokenizer),
     chatTemplate: options.chatTemplate,
     servedModelName: options.servedModelName,
     limits: { maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds, schedulingPolicy: options.schedulingPolicy ?? "fcfs" },
@@ -101,8 +116,17 @@ export function buildServer(options: ServerOptions): BatonServer {
     toolCallParser: options.toolCallParser ?? null,
     enableAutoToolChoice: options.enableAutoToolChoice ?? false,
     grammars: options.grammars ?? null,
+    noteIgnoredFields(route, names) {
+      // Ignored like vLLM does, but said once per field name so a client's typo is visible without flooding the log.
+      for (const name of names) {
+        if (warnedFields.has(name)) continue;
+        warnedFields.add(name);
+        options.logger?.warn({ route, field: name }, `ignoring unknown request field ${JSON.stringify(name)} (logged once per field name)`);
+      }
+    },
   };
   const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
+  const warnedFields = new Set<string>();
 
   app.setErrorHandler((error: FastifyError | ApiError | Error, _request, reply) => {
     if (reply.sent || reply.raw.headersSent) return;
@@ -146,6 +170,16 @@ export function buildServer(options: ServerOptions): BatonServer {
     }
   });
   app.setNotFoundHandler((request, reply) => {
+    // A known path asked with another method: 405 naming the methods it takes.
+    const path = request.url.split("?")[0] ?? request.url;
+    const allowed = HTTP_METHODS.filter((method) => app.findRoute({ method, url: path }) !== null);
+    if (allowed.length > 0) {
+      void reply
+        .code(405)
+        .header("allow", allowed.join(", "))
+        .send(new ApiError(405, `${request.method} is not allowed on ${path}; use ${allowed.join(" or ")}`, "invalid_request_error").toBody());
+      return;
+    }
     void reply.code(404).send(new ApiError(404, `no route for ${request.method} ${request.url}`, "not_found_error").toBody());
   });
 
@@ -164,12 +198,31 @@ export function buildServer(options: ServerOptions): BatonServer {
   });
   app.get("/v1/models", async () => listModels(card));
   app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
-  app.post("/v1/completions", (request, reply) => handleCompletion(ctx, request, reply));
-  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(ctx, request, reply));
-  app.post("/tokenize", (request) => handleTokenize(ctx, request));
-  app.post("/detokenize", (request) => handleDetokenize(ctx, request));
+  const graph: GraphEndpointsOptions | null = options.graph ? { ...options.graph, unavailableReason: () => unavailable } : null;
+  // A model without text output (a speech model) answers the text endpoints with a 400 saying why.
+  const textContext = (): FrontendContext => {
+    if (ctx !== null) return ctx;
+    const produces = graph?.outputModalities.join(", ") || "no text";
+    throw badRequest(`model ${options.servedModelName} does not produce text (it produces ${produces}); use /v1/audio/speech or the multipart form of /generate`);
+  };
+  app.post("/v1/completions", (request, reply) => handleCompletion(textContext(), request, reply));
+  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(textContext(), request, reply));
+  app.post("/tokenize", (request) => handleTokenize(textContext(), request));
+  app.post("/detokenize", (request) => handleDetokenize(textContext(), request));
   app.get("/version", async () => ({ version: batonVersion() }));
-  app.post("/generate", (request, reply) => handleGenerate(ctx, request, reply));
+  void app.register(multipart, { limits: { fileSize: 64 * 1024 * 1024, files: 16, fields: 16 } });
+  app.post("/generate", (request, reply) => {
+    if (request.isMultipart()) {
+      if (graph === null) throw badRequest("this model takes the JSON form of /generate (prompt_token_ids, prompt); the multipart form is for graph models");
+      return handleMultipartGenerate(graph, request, reply);
+    }
+    return handleGenerate(textContext(), request, reply);
+  });
+  app.post("/v1/audio/speech", (request, reply) => {
+    if (graph === null) throw badRequest(`model ${options.servedModelName} does not produce audio; /v1/audio/speech needs a speech model`);
+    return handleSpeech(graph, request, reply);
+  });
+  if (options.dashboard) registerDashboard(app, options.dashboard, { apiKeyRequired: Boolean(options.apiKey) });
 
   return {
     app,

@@ -52,6 +52,7 @@ export interface CompiledNode {
   readonly name: string;
   readonly engine: EngineKind;
   readonly overlap: boolean;
+  readonly stopTokenIds: readonly number[];
 }
 
 export const SECTION_NODE = 0;
@@ -333,7 +334,7 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
   for (const n of layout.nodes) {
     if (nodeByName.has(n.name)) fail(`node ${n.name} is declared twice`);
     if (n.name === EMIT_TO_CLIENT) fail(`node ${n.name}: the name is reserved for client outputs`);
-    const node: CompiledNode = { id: nodes.length, name: n.name, engine: n.engine, overlap: n.overlap };
+    const node: CompiledNode = { id: nodes.length, name: n.name, engine: n.engine, overlap: n.overlap, stopTokenIds: Object.freeze([...n.stop_token_ids]) };
     nodes.push(node);
     nodeByName.set(n.name, node);
   }

@@ -16,6 +16,8 @@ export interface LayoutNode {
   engine: EngineKind;
   /** May the node's next step be scheduled before this one's result is back. */
   overlap: boolean;
+  /** kv_cache nodes: token ids that end the node's generation (the model's own, beside a request's stops). */
+  stop_token_ids: number[];
 }
 
 export interface LayoutEdge {
@@ -157,7 +159,14 @@ const layoutSchema = z
   .object({
     version: z.literal(1),
     nodes: z.array(
-      z.object({ name: z.string().min(1), engine: z.enum(["kv_cache", "stateless"]), overlap: z.boolean() }).strict(),
+      z
+        .object({
+          name: z.string().min(1),
+          engine: z.enum(["kv_cache", "stateless"]),
+          overlap: z.boolean(),
+          stop_token_ids: z.array(z.number().int().nonnegative()).default([]),
+        })
+        .strict(),
     ),
     sections: z.array(sectionSchema),
     walks: z.array(z.object({ name: z.string().min(1), partition: z.string().min(1), root: count }).strict()),

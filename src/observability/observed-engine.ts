@@ -5,10 +5,11 @@
 //
 // A request the frontend ends on a stop string (abort with reason "stop")
 // finishes as "stop" there and then, as vLLM counts it; the engine's later
-// "abort" output for it is not counted again.
+// "abort" output for it is not counted again, but the request phases it
+// carries (RequestTiming) are still observed.
 
 import { performance } from "node:perf_hooks";
-import type { EngineRequest, FinishReason, OutputCallback } from "../engine/types.js";
+import type { EngineRequest, FinishReason, OutputCallback, RequestTiming } from "../engine/types.js";
 import type { EngineHandle } from "../frontend/generation.js";
 import type { Logger } from "./logger.js";
 import type { RequestRecorder, RequestTrace } from "./metrics.js";
@@ -31,6 +32,11 @@ class Observation {
     private readonly trace: RequestTrace | null,
     private readonly log: Logger | null,
   ) {}
+
+  /** The engine's final output carries the request's phases (possibly after a stop-string finish). */
+  phases(timing: RequestTiming | undefined): void {
+    if (timing !== undefined) this.trace?.phases(timing);
+  }
 
   tokens(count: number, now: number): void {
     if (count === 0 || this.done) return;
@@ -68,13 +74,14 @@ export function observeEngine(engine: EngineHandle, options: ObservedEngineOptio
     submit(req: EngineRequest, onOutput: OutputCallback): void {
       onSubmit?.();
       const log = logger?.isLevelEnabled("info") ? logger : null;
-      const observation = new Observation(req, recorder?.begin(req.id, req.promptIds.length, req.arrivalMs) ?? null, log);
+      const observation = new Observation(req, recorder?.begin(req.id, req.promptIds.length, req.arrivalMs, req.stop.maxTokens) ?? null, log);
       engine.submit(req, (output) => {
         const now = performance.now();
         observation.tokens(output.newTokenIds.length, now);
         if (output.finished) {
           live.delete(req.id);
           observation.finish(output.finishReason ?? "stop", now, output.numCachedTokens, output.error);
+          observation.phases(output.timing);
         }
         onOutput(output);
       });

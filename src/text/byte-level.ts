@@ -36,7 +36,7 @@ function unicodeToByte(): Map<number, number> {
 const fatalUtf8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
 const lossyUtf8 = new TextDecoder("utf-8", { ignoreBOM: true });
 
-interface TokenizerJson {
+export interface TokenizerJson {
   model?: { type?: string; vocab?: Record<string, number> };
   decoder?: { type?: string } | null;
   added_tokens?: { id: number; content: string; special: boolean }[];
@@ -110,6 +110,12 @@ export class ByteLevelDecoder {
     const all = new Uint8Array(total);
     for (let id = 0; id < size; id++) all.set(chunks[id] as Uint8Array, offsets[id] as number);
     return new ByteLevelDecoder(all, offsets, texts, flags);
+  }
+
+  /** The id's bytes (empty for an id with no token). */
+  bytesOf(id: number): Uint8Array {
+    if (!(id >= 0 && id < this.flags.length)) return new Uint8Array(0);
+    return this.bytes.slice(this.offsets[id] as number, this.offsets[id + 1] as number);
   }
 
   /** True when the id is dropped from decoded text. */

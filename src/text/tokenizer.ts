@@ -3,8 +3,10 @@
 // event loop; decodeBatch lets the detokenizer cross into native code once per
 // engine step instead of once per request.
 
+import { readFileSync } from "node:fs";
 import { Tokenizer } from "tokenizers";
-import { ByteLevelDecoder } from "./byte-level.js";
+import { ByteLevelDecoder, type TokenizerJson } from "./byte-level.js";
+import { TokenVocabulary, type TokenizerJsonView } from "./token-text.js";
 
 export interface TokenizerOptions {
   /** Prepend this id when encoding with special tokens if the post-processor did not (add_bos_token). */
@@ -20,7 +22,9 @@ export class TextTokenizer {
     private readonly inner: Tokenizer,
     private readonly bosToPrepend: number | null,
     /** A synchronous JS decoder equal to decode(), for plain byte-level BPE tokenizers (else null). */
-    readonly byteLevel: ByteLevelDecoder | null = null,
+    readonly byteLevel: ByteLevelDecoder | null,
+    /** Synchronous per-token text (logprob token strings). */
+    readonly vocabulary: TokenVocabulary,
   ) {
     this.vocabSize = inner.getVocabSize(true);
   }
@@ -33,13 +37,15 @@ export class TextTokenizer {
       throw new Error(`cannot load tokenizer ${path}: ${(error as Error).message}`);
     }
     const bos = options.addBosToken === true && options.bosTokenId != null ? options.bosTokenId : null;
+    let json: TokenizerJson & TokenizerJsonView = {};
     let byteLevel: ByteLevelDecoder | null = null;
     try {
-      byteLevel = ByteLevelDecoder.fromFile(path);
+      json = JSON.parse(readFileSync(path, "utf8")) as TokenizerJson & TokenizerJsonView;
+      byteLevel = ByteLevelDecoder.fromTokenizerJson(json);
     } catch {
       // The native binding read it; anything unexpected here only costs the fast path.
     }
-    return new TextTokenizer(inner, bos, byteLevel);
+    return new TextTokenizer(inner, bos, byteLevel, TokenVocabulary.create(inner, json, byteLevel));
   }
 
   /**

@@ -6,7 +6,7 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 4;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -27,11 +27,15 @@ export interface SamplingParams {
   logprobs: number;
 }
 
+/**
+ * prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
+ */
 export interface AddedRequest {
   req_id: number;
   token_ids: Int32Array;
   num_prompt_tokens: number;
   sampling: SamplingParams;
+  prompt_logprobs: number;
 }
 
 export interface StepTimings {
@@ -40,13 +44,81 @@ export interface StepTimings {
   sample_ms: number;
 }
 
+export interface WireValue {
+  form: string;
+  handle: number;
+  worker: number;
+  ids: Int32Array;
+  dtype: string;
+  shape: number[];
+}
+
+export interface NamedValues {
+  name: string;
+  values: WireValue[];
+}
+
+export interface ChunkPosition {
+  name: string;
+  index: number;
+  start: number;
+  context_count: number;
+  final: boolean;
+}
+
+export interface NodePass {
+  pass_id: number;
+  request_id: string;
+  inputs: NamedValues[];
+  chunks: ChunkPosition[];
+  request_kwargs: unknown;
+}
+
+export interface PassBatch {
+  batch_id: number;
+  node: string;
+  walk: string;
+  passes: NodePass[];
+}
+
+export interface PromptRequest {
+  request_id: string;
+  prompt: string | null;
+  input_modalities: string[];
+  output_modalities: string[];
+  kwargs: unknown;
+}
+
+export interface PromptResult {
+  request_id: string;
+  error: string | null;
+  values: NamedValues[];
+}
+
+export interface ClientChunk {
+  name: string;
+  modality: string;
+  data: Uint8Array;
+  metadata: unknown;
+}
+
+export interface PassResult {
+  pass_id: number;
+  error: string | null;
+  outputs: NamedValues[];
+  client_chunks: ClientChunk[];
+  stops: string[];
+}
+
 /**
- * Steps are executed strictly in step_id order.
+ * Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
  * removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
  * added: requests the worker has not seen; token_ids are all tokens known at admission (prompt, plus earlier outputs for a resumed request); the first num_prompt_tokens of them are the prompt (penalties count only the rest and what is sampled later).
  * Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
  * new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
  * sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
+ * Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
+ * WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
  * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
  */
 export interface StepMessage {
@@ -60,6 +132,10 @@ export interface StepMessage {
   new_block_counts: Int32Array;
   new_block_ids: Int32Array;
   sample: Uint8Array;
+  prompts: PromptRequest[];
+  batches: PassBatch[];
+  releases: Int32Array;
+  finished_requests: string[];
   mask_rows: Int32Array;
 }
 
@@ -102,6 +178,10 @@ export interface ReadyMessage {
  * req_ids / token_ids: one entry per sampled row, in row order.
  * logprobs: the sampled token's log-probability per sampled row, nil when no row asked (SamplingParams.logprobs < 0).
  * top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many).
+ * prompt_results: one per prompt request, in order: its values by name (a 1-D integer tensor as 'tokens'; other tensors stay in this worker's store as 'tensor' with one reference, the control plane's), or the error that refuses the request.
+ * pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request.
+ * Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
+ * prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request.
  */
 export interface StepResultMessage {
   kind: "StepResult";
@@ -113,6 +193,13 @@ export interface StepResultMessage {
   top_ids: Int32Array | null;
   top_logprobs: Float32Array | null;
   timings: StepTimings;
+  prompt_results: PromptResult[];
+  pass_results: PassResult[];
+  prompt_counts: Int32Array | null;
+  prompt_logprobs: Float32Array | null;
+  prompt_ranks: Int32Array | null;
+  prompt_top_ids: Int32Array | null;
+  prompt_top_logprobs: Float32Array | null;
 }
 
 export interface PongMessage {
@@ -136,7 +223,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 2,
+  protocolVersion: 4,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -156,11 +243,69 @@ export const WIRE_TABLES: WireTables = {
       { name: "token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       { name: "num_prompt_tokens", type: { kind: "int", nullable: false, text: "int" } },
       { name: "sampling", type: { kind: "struct", struct: "SamplingParams", nullable: false, text: "SamplingParams" } },
+      { name: "prompt_logprobs", type: { kind: "int", nullable: false, text: "int" } },
     ],
     StepTimings: [
       { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },
       { name: "forward_ms", type: { kind: "float", nullable: false, text: "float" } },
       { name: "sample_ms", type: { kind: "float", nullable: false, text: "float" } },
+    ],
+    WireValue: [
+      { name: "form", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "handle", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "worker", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "dtype", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "shape", type: { kind: "int[]", nullable: false, text: "int[]" } },
+    ],
+    NamedValues: [
+      { name: "name", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "values", type: { kind: "struct[]", struct: "WireValue", nullable: false, text: "WireValue[]" } },
+    ],
+    ChunkPosition: [
+      { name: "name", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "index", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "start", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "context_count", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "final", type: { kind: "bool", nullable: false, text: "bool" } },
+    ],
+    NodePass: [
+      { name: "pass_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "inputs", type: { kind: "struct[]", struct: "NamedValues", nullable: false, text: "NamedValues[]" } },
+      { name: "chunks", type: { kind: "struct[]", struct: "ChunkPosition", nullable: false, text: "ChunkPosition[]" } },
+      { name: "request_kwargs", type: { kind: "any", nullable: false, text: "any" } },
+    ],
+    PassBatch: [
+      { name: "batch_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "node", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "walk", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "passes", type: { kind: "struct[]", struct: "NodePass", nullable: false, text: "NodePass[]" } },
+    ],
+    PromptRequest: [
+      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "prompt", type: { kind: "str", nullable: true, text: "str?" } },
+      { name: "input_modalities", type: { kind: "str[]", nullable: false, text: "str[]" } },
+      { name: "output_modalities", type: { kind: "str[]", nullable: false, text: "str[]" } },
+      { name: "kwargs", type: { kind: "any", nullable: false, text: "any" } },
+    ],
+    PromptResult: [
+      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "error", type: { kind: "str", nullable: true, text: "str?" } },
+      { name: "values", type: { kind: "struct[]", struct: "NamedValues", nullable: false, text: "NamedValues[]" } },
+    ],
+    ClientChunk: [
+      { name: "name", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "modality", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "data", type: { kind: "u8[]", nullable: false, text: "u8[]" } },
+      { name: "metadata", type: { kind: "any", nullable: false, text: "any" } },
+    ],
+    PassResult: [
+      { name: "pass_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "error", type: { kind: "str", nullable: true, text: "str?" } },
+      { name: "outputs", type: { kind: "struct[]", struct: "NamedValues", nullable: false, text: "NamedValues[]" } },
+      { name: "client_chunks", type: { kind: "struct[]", struct: "ClientChunk", nullable: false, text: "ClientChunk[]" } },
+      { name: "stops", type: { kind: "str[]", nullable: false, text: "str[]" } },
     ],
   },
   messages: {
@@ -177,6 +322,10 @@ export const WIRE_TABLES: WireTables = {
         { name: "new_block_counts", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "new_block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "sample", type: { kind: "u8[]", nullable: false, text: "u8[]" } },
+        { name: "prompts", type: { kind: "struct[]", struct: "PromptRequest", nullable: false, text: "PromptRequest[]" } },
+        { name: "batches", type: { kind: "struct[]", struct: "PassBatch", nullable: false, text: "PassBatch[]" } },
+        { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "finished_requests", type: { kind: "str[]", nullable: false, text: "str[]" } },
         { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       ],
     },
@@ -228,6 +377,13 @@ export const WIRE_TABLES: WireTables = {
         { name: "top_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
         { name: "top_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
         { name: "timings", type: { kind: "struct", struct: "StepTimings", nullable: false, text: "StepTimings" } },
+        { name: "prompt_results", type: { kind: "struct[]", struct: "PromptResult", nullable: false, text: "PromptResult[]" } },
+        { name: "pass_results", type: { kind: "struct[]", struct: "PassResult", nullable: false, text: "PassResult[]" } },
+        { name: "prompt_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "prompt_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
+        { name: "prompt_ranks", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "prompt_top_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "prompt_top_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
       ],
     },
     Pong: {

@@ -18,8 +18,11 @@ import {
 import { resolvePythonEnv } from "./python-env.js";
 import { WorkerDiedError, WorkerStartError, type WorkerClient, type WorkerExit, type WorkerOptions } from "./types.js";
 
-/** Steps that may be outstanding at once (step N+1 is sent while N runs). */
-export const MAX_IN_FLIGHT = 2;
+/**
+ * Steps that may be outstanding at once: the engine core's two (step N+1 is
+ * sent while N runs) plus one carrying only graph work (worker-lane.ts).
+ */
+export const MAX_IN_FLIGHT = 3;
 export const DEFAULT_START_TIMEOUT_MS = 600_000;
 export const DEFAULT_SHUTDOWN_GRACE_MS = 5_000;
 
@@ -41,6 +44,8 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   args.push("--dtype", opts.dtype, "--device", opts.device, "--seed", String(opts.seed));
   if (opts.loadFormat !== undefined) args.push("--load-format", opts.loadFormat);
   if (opts.onLoadProgress !== undefined) args.push("--progress");
+  if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
+  if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   return args;
 }
 

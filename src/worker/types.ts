@@ -33,6 +33,10 @@ export interface WorkerOptions {
    * --progress and its progress lines go here instead of to our stderr.
    */
   onLoadProgress?: (done: number, total: number) => void;
+  /** Graph nodes this worker hosts (default: every node of the model). */
+  nodes?: string[];
+  /** The worker's rank in the deployment (default 0): the owner named in its tensors' descriptors. */
+  rank?: number;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
 }

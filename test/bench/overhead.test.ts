@@ -38,6 +38,9 @@ for (const { name, flags, phases: PHASES } of PLACEMENTS) test(`bench overhead -
     for (const key of ["engine_core_ms_p50", "engine_core_ms_p99", "step_ms_p50", "step_ms_p99", "tokens_per_s", "main_thread_busy"]) positive(r[key], `B=${b} ${key}`);
     // Counted by the clients over a window of a few steps: may be 0, never negative or missing.
     finite(r.delivered_tokens_per_s, `B=${b} delivered_tokens_per_s`);
+    // CPU over the same window, in cores (/proc ticks are 10 ms: the worker's and clients' may read 0 here).
+    positive(r.server_cpu_cores, `B=${b} server_cpu_cores`);
+    for (const key of ["worker_cpu_cores", "clients_cpu_cores", "delivered_tokens_per_server_core"]) finite(r[key], `B=${b} ${key}`);
     assert.equal(r.engine_thread, flags.length === 0);
     assert.ok((r.steps as number) >= 4, `B=${b} measured ${String(r.steps)} steps`);
     const phases = r.phases as Record<string, { p50: number; p99: number }>;

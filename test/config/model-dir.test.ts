@@ -7,7 +7,7 @@ import { copyFileSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
-import { ModelDirError, readModelDir } from "../../src/config/model-dir.js";
+import { ModelDirError, readModelDir, requireTokenizer } from "../../src/config/model-dir.js";
 import { qwenTokenizerPath } from "../text/helpers.js";
 
 const dirs: string[] = [];
@@ -33,7 +33,7 @@ describe("readModelDir", () => {
     assert.deepEqual(info.eosTokenIds, [151645]);
     assert.equal(info.bosTokenId, 151643);
     assert.equal(info.vocabSize, 151936);
-    assert.match(info.tokenizerPath, /tokenizer\.json$/);
+    assert.match(info.tokenizerPath ?? "", /tokenizer\.json$/);
     assert.equal(info.tokenizer.chatTemplate, null);
   });
 
@@ -86,7 +86,7 @@ describe("readModelDir", () => {
 
   test("missing tokenizer.json is named", () => {
     assert.throws(
-      () => readModelDir(modelDir({ "config.json": CONFIG }, false)),
+      () => requireTokenizer(readModelDir(modelDir({ "config.json": CONFIG }, false))),
       (e: unknown) => e instanceof ModelDirError && /tokenizer\.json not found/.test(e.message),
     );
   });

@@ -40,6 +40,7 @@ describe("parseServeArgs", () => {
       logLevel: "info",
       maxNumQueuedRequests: 4096,
       maxRequestBodyBytes: 64 * 1024 * 1024,
+      deployment: null,
       asyncScheduling: true,
       schedulingPolicy: "fcfs",
       engineThread: true,

@@ -200,7 +200,9 @@ describe("API fidelity (demo model)", () => {
     assert.ok(c.text.startsWith(prompt));
     const lp = c.logprobs as Required<OpenAI.Completions.CompletionChoice.Logprobs>;
     assert.equal(lp.tokens.length, promptIds.length + 4);
-    assert.equal(lp.token_logprobs[0], null, "prompt tokens carry no logprobs");
+    assert.equal(lp.token_logprobs[0], null, "the first prompt token has no logprob");
+    assert.equal(lp.top_logprobs[0], null);
+    assert.ok(lp.token_logprobs.slice(1).every((v) => typeof v === "number"), "every other token has one");
     const generated = lp.token_logprobs.slice(promptIds.length) as number[];
     for (const [i, value] of generated.entries()) {
       const top = lp.top_logprobs[promptIds.length + i] as Record<string, number>;
@@ -212,7 +214,12 @@ describe("API fidelity (demo model)", () => {
     assert.deepEqual(lp.text_offset.slice(0, 2), [0, (lp.tokens[0] as string).length]);
     const plain = await completion({ prompt, max_tokens: 4, temperature: 0, ignore_eos: true, logprobs: 0 });
     assert.equal(prompt + plain.choices[0]?.text, c.text);
-    assert.deepEqual(plain.choices[0]?.logprobs?.top_logprobs, [{}, {}, {}, {}]);
+    // logprobs 0: each position shows the chosen token alone (vLLM).
+    const plainLogprobs = plain.choices[0]?.logprobs as Required<OpenAI.Completions.CompletionChoice.Logprobs>;
+    assert.deepEqual(
+      plainLogprobs.top_logprobs,
+      plainLogprobs.tokens.map((t, i) => ({ [t]: plainLogprobs.token_logprobs[i] })),
+    );
   });
 
   test("chat: every role, content parts, logprobs, streamed equals non-streamed, usage", async () => {
@@ -227,10 +234,10 @@ describe("API fidelity (demo model)", () => {
     const full = await client.chat.completions.create(params);
     const content = full.choices[0]?.logprobs?.content ?? [];
     assert.equal(content.length, full.usage?.completion_tokens);
-    for (const entry of content) {
-      assert.equal(entry.top_logprobs.length, 2);
-      assert.deepEqual(entry.bytes, [...Buffer.from(entry.token, "utf8")]);
-    }
+    for (const entry of content) assert.equal(entry.top_logprobs.length, 2);
+    // Tokens join to the content, and so do their bytes (a character split over tokens: "" then the character).
+    assert.equal(content.map((e) => e.token).join(""), full.choices[0]?.message.content);
+    assert.deepEqual(content.flatMap((e) => e.bytes ?? []), [...Buffer.from(full.choices[0]?.message.content ?? "", "utf8")]);
     assert.equal(full.usage?.prompt_tokens, (await tokenize({ messages })).count);
     const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
     let text = "";

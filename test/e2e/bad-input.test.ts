@@ -67,7 +67,7 @@ const cases: Case[] = [
   { name: "prompt longer than the context", path: C, body: cmp({ prompt: ids(5000) }), status: 400, param: "prompt", message: /4096 tokens.*5000 tokens/ },
   // Sampling parameters.
   { name: "max_tokens a string", path: C, body: cmp({ max_tokens: "4" }), status: 400, param: "max_tokens", message: /must be an integer/ },
-  { name: "max_tokens zero", path: C, body: cmp({ max_tokens: 0 }), status: 400, param: "max_tokens", message: /at least 1/ },
+  { name: "max_tokens zero without echo", path: C, body: cmp({ max_tokens: 0 }), status: 400, param: "max_tokens", message: /at least 1 \(0 is allowed only with echo\)/ },
   { name: "max_tokens negative", path: C, body: cmp({ max_tokens: -5 }), status: 400, param: "max_tokens" },
   { name: "max_tokens fractional", path: C, body: cmp({ max_tokens: 1.5 }), status: 400, param: "max_tokens", message: /integer/ },
   { name: "temperature negative", path: C, body: cmp({ temperature: -1 }), status: 400, param: "temperature", message: /at least 0/ },
@@ -116,6 +116,9 @@ const cases: Case[] = [
   { name: "message not an object", path: H, body: chat({ messages: ["hi"] }), status: 400, param: "messages[0]" },
   { name: "message without a role", path: H, body: chat({ messages: [{ content: "x" }] }), status: 400, param: "messages[0].role" },
   { name: "role a number", path: H, body: chat({ messages: [{ role: 1, content: "x" }] }), status: 400, param: "messages[0].role" },
+  { name: "unknown role", path: H, body: chat({ messages: [{ role: "user", content: "x" }, { role: "wizard", content: "y" }] }), status: 400, param: "messages[1].role", message: /unknown role "wizard"/ },
+  { name: "prompt_logprobs above 20", path: C, body: cmp({ prompt_logprobs: 21 }), status: 400, param: "prompt_logprobs" },
+  { name: "prompt_logprobs negative (chat)", path: H, body: chat({ prompt_logprobs: -1 }), status: 400, param: "prompt_logprobs" },
   { name: "content a number", path: H, body: chat({ messages: [{ role: "user", content: 5 }] }), status: 400, param: "messages[0].content" },
   { name: "image content part", path: H, body: chat({ messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }), status: 400, param: "messages[0].content[0]" },
   { name: "text part without text", path: H, body: chat({ messages: [{ role: "user", content: [{ type: "text" }] }] }), status: 400, param: "messages[0].content[0]" },
@@ -147,7 +150,7 @@ const cases: Case[] = [
   { name: "generate bad prompt_token_ids", path: "/generate", body: { prompt_token_ids: [1, "a"] }, status: 400, param: "prompt_token_ids[1]" },
   { name: "generate n 2", path: "/generate", body: { prompt: "x", n: 2 }, status: 400, param: "n" },
   { name: "unknown route", path: "/v1/nothing", body: {}, status: 404 },
-  { name: "wrong method", path: "/v1/completions", body: {}, status: 404, method: "GET" },
+  { name: "wrong method", path: "/v1/completions", body: {}, status: 405, method: "GET" },
 ];
 
 interface ErrorBody {
@@ -214,5 +217,36 @@ describe("bad input: precise errors, and the server keeps serving", () => {
     await assertServes();
     const health = await fetch(`${server.url}/health`);
     assert.equal(health.status, 200);
+  });
+
+  test("unknown fields are logged at warn level once per field name", async () => {
+    await assertServes();
+    await assertServes();
+    const warnings = server
+      .output()
+      .split("\n")
+      .filter((l) => l.startsWith("{"))
+      .map((l) => JSON.parse(l) as { level: string; field?: string; route?: string })
+      .filter((l) => l.field === "an_unknown_field");
+    assert.equal(warnings.length, 1, "once, however many requests carry it");
+    assert.equal(warnings[0]?.level, "warn");
+    assert.equal(warnings[0]?.route, "/v1/completions");
+  });
+
+  test("a known path with the wrong method is 405 with Allow", async () => {
+    for (const [method, path, allow] of [
+      ["GET", "/v1/completions", "POST"],
+      ["DELETE", "/v1/chat/completions", "POST"],
+      ["POST", "/v1/models", "GET, HEAD"],
+      ["PUT", "/v1/models/baton-demo", "GET, HEAD"],
+      ["POST", "/health", "GET, HEAD"],
+    ] as const) {
+      const response = await fetch(`${server.url}${path}`, { method });
+      assert.equal(response.status, 405, `${method} ${path}`);
+      assert.equal(response.headers.get("allow"), allow, `${method} ${path}`);
+      const body = (await response.json()) as ErrorBody;
+      assert.match(body.error.message, new RegExp(`${method} is not allowed on ${path}`));
+    }
+    assert.equal((await fetch(`${server.url}/v1/nothing`, { method: "POST" })).status, 404, "an unknown path stays 404");
   });
 });

@@ -112,19 +112,13 @@ function runPython(args: string[]): void {
   if (result.status !== 0) throw new Error(`python ${args.join(" ")} failed:\n${result.stderr}`);
 }
 
-/** A random-weight HF model of a real architecture, with the Qwen3 tokenizer. */
-export function makeRandomModel(arch: string, outDir: string, variant = 0): void {
-  runPython([
-    join(repoRoot, "python", "tests", "random_models.py"),
-    "--arch",
-    arch,
-    "--out",
-    outDir,
-    "--variant",
-    String(variant),
-    "--tokenizer-dir",
-    qwenTokenizerDir,
-  ]);
+/**
+ * A random-weight HF model of a real architecture, with the Qwen3 tokenizer;
+ * with tokenizerDir null, a 512-token vocabulary and no tokenizer files.
+ */
+export function makeRandomModel(arch: string, outDir: string, variant = 0, tokenizerDir: string | null = qwenTokenizerDir): void {
+  const args = [join(repoRoot, "python", "tests", "random_models.py"), "--arch", arch, "--out", outDir, "--variant", String(variant)];
+  runPython(tokenizerDir === null ? args : [...args, "--tokenizer-dir", tokenizerDir]);
 }
 
 /** transformers' greedy `generate` for each prompt, one at a time. */

@@ -96,4 +96,49 @@ describe("logprobs equal transformers' log-softmax (random qwen3, float32)", () 
     });
     assert.ok(compared >= 20);
   });
+
+  test("chat prompt_logprobs (streamed and not) equal transformers' over the rendered prompt", async () => {
+    const messages: OpenAI.Chat.ChatCompletionMessageParam[] = [{ role: "user", content: "Score every token of this prompt, please." }];
+    const promptIds = (await postJson<{ tokens: number[] }>(`${server.url}/tokenize`, { messages })).body.tokens;
+    const body = { model: "lp", messages, max_tokens: 2, temperature: 0, prompt_logprobs: K };
+    type Entry = Record<string, { logprob: number; rank: number; decoded_token: string }> | null;
+    const full = await postJson<{ prompt_logprobs: Entry[]; usage: { prompt_tokens_details: { cached_tokens: number } } }>(`${server.url}/v1/chat/completions`, body);
+    assert.equal(full.status, 200);
+    const got = full.body.prompt_logprobs;
+    assert.equal(got.length, promptIds.length);
+    assert.equal(got[0], null);
+    const response = await fetch(`${server.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ ...body, stream: true }) });
+    const chunks = (await response.text()).split("\n").filter((l) => l.startsWith("data: {")).map((l) => JSON.parse(l.slice(6)) as { prompt_logprobs?: Entry[] });
+    const streamed = chunks.filter((c) => c.prompt_logprobs !== undefined);
+    assert.equal(streamed.length, 1, "once, on the first chunk with tokens");
+    assert.deepEqual(streamed[0]?.prompt_logprobs, got);
+    // The reference: the first output token's logprobs over prompt + [x] are the prompt's, shifted by one.
+    const ref = reference(dir, [{ prompt: promptIds.slice(0, 1), output: promptIds.slice(1), k: K }])[0]!;
+    for (let p = 1; p < promptIds.length; p++) {
+      const entry = got[p]!;
+      const own = entry[String(promptIds[p])]!;
+      assert.ok(Math.abs(own.logprob - (ref.chosen[p - 1] as number)) < TOLERANCE, `position ${p}: ${own.logprob} vs ${ref.chosen[p - 1]}`);
+      const top = Object.values(entry).map((v) => v.logprob).sort((a, b) => b - a).slice(0, K);
+      (ref.top_logprobs[p - 1] as number[]).forEach((v, j) => assert.ok(Math.abs((top[j] as number) - v) < TOLERANCE, `position ${p} top ${j}`));
+    }
+  });
+
+  test("completions echo + logprobs, streamed: tokens join to the text and text_offset indexes it", async () => {
+    const prompt = "Café au lait, naïve 世界 🙂 — tokens that split characters.";
+    const response = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: "lp", prompt, max_tokens: 12, temperature: 0, ignore_eos: true, echo: true, logprobs: 2, stream: true }),
+    });
+    type Chunk = { choices: { text: string; logprobs: { tokens: string[]; text_offset: number[]; token_logprobs: (number | null)[] } | null }[] };
+    const chunks = (await response.text()).split("\n").filter((l) => l.startsWith("data: {")).map((l) => JSON.parse(l.slice(6)) as Chunk);
+    const text = chunks.map((c) => c.choices[0]?.text ?? "").join("");
+    const tokens = chunks.flatMap((c) => c.choices[0]?.logprobs?.tokens ?? []);
+    const offsets = chunks.flatMap((c) => c.choices[0]?.logprobs?.text_offset ?? []);
+    assert.ok(text.startsWith(prompt));
+    assert.equal(tokens.join(""), text);
+    // Offsets count code points (Python's len()), so index the text as a code-point array.
+    const points = [...text];
+    tokens.forEach((token, i) => assert.equal(points.slice(offsets[i], (offsets[i] as number) + [...token].length).join(""), token, `token ${i}`));
+  });
 });

@@ -89,6 +89,12 @@ describe("/metrics", () => {
       `vllm:inter_token_latency_seconds_count{${M}}`,
       `vllm:e2e_request_latency_seconds_count{${M}}`,
       `vllm:request_queue_time_seconds_count{${M}}`,
+      `vllm:request_prefill_time_seconds_count{${M}}`,
+      `vllm:request_decode_time_seconds_count{${M}}`,
+      `vllm:request_inference_time_seconds_count{${M}}`,
+      `vllm:request_prompt_tokens_count{${M}}`,
+      `vllm:request_generation_tokens_count{${M}}`,
+      `vllm:request_params_max_tokens_count{${M}}`,
       `vllm:prompt_tokens_total{${M}}`,
       `vllm:generation_tokens_total{${M}}`,
       `vllm:num_preemptions_total{${M}}`,
@@ -132,7 +138,16 @@ describe("/metrics", () => {
     assert.equal(delta(`vllm:request_success_total{${M},finished_reason="length"}`), N);
     assert.equal(delta(`vllm:e2e_request_latency_seconds_count{${M}}`), N);
     assert.equal(delta(`vllm:time_to_first_token_seconds_count{${M}}`), N);
-    assert.equal(delta(`vllm:request_queue_time_seconds_count{${M}}`), N);
+    for (const phase of ["queue", "prefill", "decode", "inference"]) assert.equal(delta(`vllm:request_${phase}_time_seconds_count{${M}}`), N, phase);
+    // Each request's phases add up: inference = prefill + decode.
+    const sum = (phase: string): number => delta(`vllm:request_${phase}_time_seconds_sum{${M}}`);
+    assert.ok(Math.abs(sum("inference") - sum("prefill") - sum("decode")) < 1e-6);
+    assert.ok(sum("prefill") > 0 && sum("decode") > 0);
+    assert.equal(delta(`vllm:request_prompt_tokens_count{${M}}`), N);
+    assert.equal(delta(`vllm:request_generation_tokens_sum{${M}}`), completionTokens);
+    assert.equal(delta(`vllm:request_params_max_tokens_count{${M}}`), N);
+    // Prefix cache counters are in tokens: every prompt token was looked up.
+    assert.equal(delta(`vllm:prefix_cache_queries_total{${M}}`), delta(`vllm:request_prompt_tokens_sum{${M}}`));
     assert.equal(delta(`vllm:generation_tokens_total{${M}}`), completionTokens);
     assert.equal(delta(`vllm:inter_token_latency_seconds_count{${M}}`), completionTokens - N);
     assert.ok(delta(`vllm:prompt_tokens_total{${M}}`) > 3 * 16, "prompt tokens counted");

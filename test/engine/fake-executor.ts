@@ -7,6 +7,9 @@
 // own positions. The sampled token is (last input token + 1) % vocabSize,
 // which depends only on the request's tokens, so any schedule (chunked,
 // preempted, cached) must produce the same output as an unpressured run.
+// Prompt logprobs are fake too, and depend only on the prompt: position p
+// scores token t = tokens[p + 1] with logprob -(t % 97) / 8 and rank t % 5 + 1,
+// and alternative j is (tokens[p] + 1 + j) % vocab with logprob -j.
 
 import type { ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import type { EngineRequest, StepExecutor } from "../../src/engine/types.js";
@@ -25,6 +28,15 @@ export interface FakeOptions {
 interface FakeRequest {
   tokens: number[];
   blockTable: number[];
+  numPromptTokens: number;
+  promptLogprobs: number;
+}
+
+/** The fake worker's prompt logprob at position p (see the file comment). */
+export function fakePromptLogprob(tokens: readonly number[], p: number, k: number, vocab: number): { tokenId: number; logprob: number; rank: number; top: { tokenId: number; logprob: number }[] } {
+  const t = tokens[p + 1]!;
+  const top = Array.from({ length: k }, (_, j) => ({ tokenId: (tokens[p]! + 1 + j) % vocab, logprob: -j }));
+  return { tokenId: t, logprob: -(t % 97) / 8, rank: (t % 5) + 1, top };
 }
 
 export class FakeExecutor implements StepExecutor {
@@ -98,7 +110,12 @@ export class FakeExecutor implements StepExecutor {
     for (const added of step.added) {
       if (this.requests.has(added.req_id)) throw new Error(`request ${added.req_id} is already running`);
       if (added.num_prompt_tokens < 0 || added.num_prompt_tokens > added.token_ids.length) throw new Error("bad num_prompt_tokens");
-      this.requests.set(added.req_id, { tokens: Array.from(added.token_ids), blockTable: [] });
+      this.requests.set(added.req_id, {
+        tokens: Array.from(added.token_ids),
+        blockTable: [],
+        numPromptTokens: added.num_prompt_tokens,
+        promptLogprobs: added.prompt_logprobs,
+      });
     }
     const n = step.req_ids.length;
     for (const field of [step.num_new_tokens, step.num_computed, step.new_block_counts, step.sample]) {
@@ -136,6 +153,26 @@ export class FakeExecutor implements StepExecutor {
     const written = new Set<number>();
     const reqIds: number[] = [];
     const tokenIds: number[] = [];
+    const prompt = { any: false, counts: [] as number[], logprobs: [] as number[], ranks: [] as number[], topIds: [] as number[], topLogprobs: [] as number[] };
+    for (let i = 0; i < n; i++) {
+      const state = rows[i]!;
+      const start = step.num_computed[i]!;
+      const end = Math.min(start + step.num_new_tokens[i]!, state.numPromptTokens - 1);
+      let count = 0;
+      if (state.promptLogprobs >= 0) {
+        prompt.any = true;
+        for (let p = start; p < end; p++, count++) {
+          const entry = fakePromptLogprob(state.tokens, p, Math.min(state.promptLogprobs, vocab), vocab);
+          prompt.logprobs.push(entry.logprob);
+          prompt.ranks.push(entry.rank);
+          for (const t of entry.top) {
+            prompt.topIds.push(t.tokenId);
+            prompt.topLogprobs.push(t.logprob);
+          }
+        }
+      }
+      prompt.counts.push(count);
+    }
     for (let i = 0; i < n; i++) {
       const state = rows[i]!;
       const start = step.num_computed[i]!;
@@ -156,6 +193,8 @@ export class FakeExecutor implements StepExecutor {
     return {
       kind: "StepResult",
       step_id: step.step_id,
+      prompt_results: [],
+      pass_results: [],
       req_ids: Int32Array.from(reqIds),
       token_ids: Int32Array.from(tokenIds),
       logprobs: null,
@@ -163,6 +202,11 @@ export class FakeExecutor implements StepExecutor {
       top_ids: null,
       top_logprobs: null,
       timings: { prepare_ms: 0, forward_ms: 0, sample_ms: 0 },
+      prompt_counts: prompt.any ? Int32Array.from(prompt.counts) : null,
+      prompt_logprobs: prompt.any ? Float32Array.from(prompt.logprobs) : null,
+      prompt_ranks: prompt.any ? Int32Array.from(prompt.ranks) : null,
+      prompt_top_ids: prompt.any ? Int32Array.from(prompt.topIds) : null,
+      prompt_top_logprobs: prompt.any ? Float32Array.from(prompt.topLogprobs) : null,
     };
   }
 }

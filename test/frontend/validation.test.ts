@@ -179,6 +179,7 @@ describe("chat completions: 400 for bad parameters", () => {
       /cannot be combined with tool_choice "required"/,
       "response_format",
     ],
+    ["unknown role", { messages: [{ role: "narrator", content: "x" }] }, /unknown role "narrator" \(expected one of system, developer, user, assistant, tool, function\)/, "messages[0].role"],
   ];
   for (const [name, patch, message, param] of cases) {
     test(name, async () => {
@@ -285,5 +286,22 @@ describe("parameter mapping", () => {
     const req = parseChatRequest({ messages: [{ role: "user", content: "x" }], max_tokens: 5, max_completion_tokens: 9 }, { vocabSize: VOCAB });
     assert.equal(req.maxTokens, 9);
     assert.equal(req.maxTokensParam, "max_completion_tokens");
+  });
+
+  test("echo: max_tokens 0 returns the prompt alone (one token is generated and dropped); prompt logprobs follow logprobs", () => {
+    const only = parseCompletionRequest({ prompt: "x", echo: true, max_tokens: 0, logprobs: 2 }, { vocabSize: VOCAB });
+    assert.deepEqual([only.echoOnly, only.maxTokens, only.promptLogprobs], [true, 1, 2]);
+    const explicit = parseCompletionRequest({ prompt: "x", echo: true, logprobs: 1, prompt_logprobs: 5 }, { vocabSize: VOCAB });
+    assert.deepEqual([explicit.echoOnly, explicit.promptLogprobs], [false, 5]);
+    assert.equal(parseCompletionRequest({ prompt: "x", logprobs: 3 }, { vocabSize: VOCAB }).promptLogprobs, -1, "no echo, no prompt logprobs");
+    assert.equal(parseCompletionRequest({ prompt: "x", prompt_logprobs: 0 }, { vocabSize: VOCAB }).promptLogprobs, 0);
+    assert.equal(parseChatRequest({ messages: [{ role: "user", content: "x" }], prompt_logprobs: 4 }, { vocabSize: VOCAB }).promptLogprobs, 4);
+  });
+
+  test("unknown top-level fields are named, known ones are not", () => {
+    const req = parseCompletionRequest({ prompt: "x", temprature: 0.5, echo: false, extra_thing: 1 }, { vocabSize: VOCAB });
+    assert.deepEqual(req.ignoredFields, ["temprature", "extra_thing"]);
+    const chat = parseChatRequest({ messages: [{ role: "user", content: "x" }], logprobs: true, top_logprobs: 1, prompt_logprobs: 1 }, { vocabSize: VOCAB });
+    assert.deepEqual(chat.ignoredFields, []);
   });
 });

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import type { EngineStats } from "../../src/engine/engine-core.js";
 import { StepTimingRing } from "../../src/engine/step-timings.js";
-import { BatonMetrics } from "../../src/observability/metrics.js";
+import { BatonMetrics, oneTwoFiveBuckets } from "../../src/observability/metrics.js";
 import { parseMetrics } from "./prom-text.js";
 
 function stats(over: Partial<EngineStats> = {}): EngineStats {
@@ -48,29 +48,66 @@ describe("BatonMetrics", () => {
   });
 
   test("request traces feed the latency histograms and token counters", async () => {
-    const metrics = new BatonMetrics({ modelName: "m", engine: { stats: stats(), timings: new StepTimingRing(8) } });
+    const metrics = new BatonMetrics({ modelName: "m", engine: { stats: stats(), timings: new StepTimingRing(8) }, maxModelLen: 1000 });
     const empty = parseMetrics(await metrics.render());
     assert.equal(empty.get(`vllm:time_to_first_token_seconds_count{${M}}`), 0, "histograms exist before any request");
-    const trace = metrics.begin("r1", 7, 1000);
+    const trace = metrics.begin("r1", 7, 1000, 12);
     trace.tokens(1, 1100);
     trace.tokens(1, 1150);
     trace.tokens(2, 1250);
     trace.finish("length", 1250);
     trace.finish("length", 1300); // ignored: already finished
-    metrics.begin("r2", 3, 2000).finish("abort", 2010);
+    metrics.begin("r2", 3, 2000, 5).finish("abort", 2010);
     const m = parseMetrics(await metrics.render());
     assert.equal(m.get(`vllm:prompt_tokens_total{${M}}`), 7, "prompt tokens count once the prefill produced a token");
     assert.equal(m.get(`vllm:generation_tokens_total{${M}}`), 4);
     assert.equal(m.get(`vllm:time_to_first_token_seconds_count{${M}}`), 1);
     assert.ok(Math.abs((m.get(`vllm:time_to_first_token_seconds_sum{${M}}`) ?? 0) - 0.1) < 1e-9);
+    // One observation per token after the first, two tokens in one output sharing their gap: 0.05, 0.05, 0.05.
     assert.equal(m.get(`vllm:inter_token_latency_seconds_count{${M}}`), 3);
     assert.ok(Math.abs((m.get(`vllm:inter_token_latency_seconds_sum{${M}}`) ?? 0) - 0.15) < 1e-9);
+    assert.equal(m.get(`vllm:inter_token_latency_seconds_bucket{le="0.05",${M}}`), 3);
     assert.equal(m.get(`vllm:e2e_request_latency_seconds_count{${M}}`), 2);
-    assert.equal(m.get(`vllm:request_queue_time_seconds_count{${M}}`), 1);
     assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="length"}`), 1);
     assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="abort"}`), 1);
     assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="stop"}`), 0);
     assert.equal(m.get(`vllm:time_to_first_token_seconds_bucket{le="0.1",${M}}`), 1);
+    // Per finished request: prompt and generated tokens and max_tokens, in vLLM's 1-2-5 buckets up to max_model_len.
+    assert.equal(m.get(`vllm:request_prompt_tokens_count{${M}}`), 2);
+    assert.equal(m.get(`vllm:request_prompt_tokens_sum{${M}}`), 10);
+    assert.equal(m.get(`vllm:request_generation_tokens_sum{${M}}`), 4);
+    assert.equal(m.get(`vllm:request_params_max_tokens_sum{${M}}`), 17);
+    assert.equal(m.get(`vllm:request_params_max_tokens_bucket{le="5",${M}}`), 1);
+    assert.equal(m.get(`vllm:request_params_max_tokens_bucket{le="20",${M}}`), 2);
+    assert.equal(m.get(`vllm:request_prompt_tokens_bucket{le="1000",${M}}`), 2);
+    assert.equal(m.get(`vllm:request_prompt_tokens_bucket{le="2000",${M}}`), undefined, "buckets stop at max_model_len");
+  });
+
+  test("the request phases come from the engine's timing, once per request, in vLLM's latency buckets", async () => {
+    const metrics = new BatonMetrics({ modelName: "m", engine: { stats: stats(), timings: new StepTimingRing(8) } });
+    const trace = metrics.begin("r", 4, 0, 8);
+    trace.tokens(1, 10);
+    trace.finish("stop", 20);
+    trace.phases({ queueMs: 200, prefillMs: 700, decodeMs: 1500, inferenceMs: 2200 });
+    trace.phases({ queueMs: 1, prefillMs: 1, decodeMs: 1, inferenceMs: 1 }); // ignored
+    const m = parseMetrics(await metrics.render());
+    for (const [name, seconds, le] of [
+      ["queue", 0.2, "0.3"],
+      ["prefill", 0.7, "0.8"],
+      ["decode", 1.5, "1.5"],
+      ["inference", 2.2, "2.5"],
+    ] as const) {
+      assert.equal(m.get(`vllm:request_${name}_time_seconds_count{${M}}`), 1, name);
+      assert.ok(Math.abs((m.get(`vllm:request_${name}_time_seconds_sum{${M}}`) ?? 0) - seconds) < 1e-9, name);
+      assert.equal(m.get(`vllm:request_${name}_time_seconds_bucket{le="${le}",${M}}`), 1, name);
+    }
+    assert.equal(m.get(`vllm:request_queue_time_seconds_bucket{le="0.3",${M}}`), 1);
+    assert.equal(m.get(`vllm:request_queue_time_seconds_bucket{le="7680",${M}}`), 1, "vLLM's request latency buckets run to 7680 s");
+  });
+
+  test("oneTwoFiveBuckets is vLLM's build_1_2_5_buckets", () => {
+    assert.deepEqual(oneTwoFiveBuckets(100), [1, 2, 5, 10, 20, 50, 100]);
+    assert.deepEqual(oneTwoFiveBuckets(4096), [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]);
   });
 
   test("step phases come from the timing ring, each step once", async () => {

@@ -72,7 +72,7 @@ export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParam
 }
 
 export function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
-  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides) };
+  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1 };
 }
 
 export function step(overrides: Partial<StepMessage> = {}): StepMessage {
@@ -87,6 +87,10 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     new_block_counts: Int32Array.from([1, 1]),
     new_block_ids: Int32Array.from([4, 5]),
     sample: Uint8Array.from([1, 1]),
+    prompts: [],
+    batches: [],
+    releases: new Int32Array(0),
+    finished_requests: [],
     mask_rows: Int32Array.from([1]),
     ...overrides,
   };
@@ -103,6 +107,13 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     top_ids: Int32Array.from([99, 3]),
     top_logprobs: Float32Array.from([-1.5, -2.25]),
     timings: { prepare_ms: 0.2, forward_ms: 4.5, sample_ms: 1 },
+    prompt_results: [],
+    pass_results: [],
+    prompt_counts: Int32Array.from([2, 0]),
+    prompt_logprobs: Float32Array.from([-3.5, -0.25]),
+    prompt_ranks: Int32Array.from([7, 1]),
+    prompt_top_ids: Int32Array.from([17]),
+    prompt_top_logprobs: Float32Array.from([-0.125]),
     ...overrides,
   };
 }

@@ -5,7 +5,19 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import fc from "fast-check";
 import { decode, encode } from "../../src/transport/codec.js";
-import type { AddedRequest, SamplingParams, StepTimings, WireMessage } from "../../src/transport/messages.js";
+import type {
+  AddedRequest,
+  ClientChunk,
+  NamedValues,
+  PassBatch,
+  PassResult,
+  PromptRequest,
+  PromptResult,
+  SamplingParams,
+  StepTimings,
+  WireMessage,
+  WireValue,
+} from "../../src/transport/messages.js";
 
 // fast-check makes null-prototype objects by default; the codec makes plain ones.
 function rec<T>(model: { [K in keyof T]: fc.Arbitrary<T[K]> }): fc.Arbitrary<T> {
@@ -36,8 +48,33 @@ const samplingParams: fc.Arbitrary<SamplingParams> = rec({
   logprobs: int,
 });
 
-const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams });
+const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int });
 const timings: fc.Arbitrary<StepTimings> = rec({ prepare_ms: float, forward_ms: float, sample_ms: float });
+
+const strs = fc.array(str, { maxLength: 3 });
+const small = <T>(a: fc.Arbitrary<T>): fc.Arbitrary<T[]> => fc.array(a, { maxLength: 3 });
+// any: plain data, as a model's kwargs or a chunk's metadata hold it.
+const plain = fc.dictionary(fc.string({ maxLength: 8 }), fc.oneof(str, fc.integer(), fc.boolean(), fc.constant(null)), { maxKeys: 3, noNullPrototype: true });
+const wireValue: fc.Arbitrary<WireValue> = rec({ form: fc.constantFrom("tokens", "tensor", "empty"), handle: int, worker: int, ids: i32, dtype: str, shape: fc.array(int, { maxLength: 4 }) });
+const namedValues: fc.Arbitrary<NamedValues> = rec({ name: str, values: small(wireValue) });
+const passBatch: fc.Arbitrary<PassBatch> = rec({
+  batch_id: int,
+  node: str,
+  walk: str,
+  passes: small(
+    rec({
+      pass_id: int,
+      request_id: str,
+      inputs: small(namedValues),
+      chunks: small(rec({ name: str, index: int, start: int, context_count: int, final: fc.boolean() })),
+      request_kwargs: plain,
+    }),
+  ),
+});
+const promptRequest: fc.Arbitrary<PromptRequest> = rec({ request_id: str, prompt: fc.option(str), input_modalities: strs, output_modalities: strs, kwargs: plain });
+const promptResult: fc.Arbitrary<PromptResult> = rec({ request_id: str, error: fc.option(str), values: small(namedValues) });
+const clientChunk: fc.Arbitrary<ClientChunk> = rec({ name: str, modality: str, data: u8, metadata: plain });
+const passResult: fc.Arbitrary<PassResult> = rec({ pass_id: int, error: fc.option(str), outputs: small(namedValues), client_chunks: small(clientChunk), stops: strs });
 
 const message: fc.Arbitrary<WireMessage> = fc.oneof(
   rec({
@@ -51,6 +88,10 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     new_block_counts: i32,
     new_block_ids: i32,
     sample: u8,
+    prompts: small(promptRequest),
+    batches: small(passBatch),
+    releases: i32,
+    finished_requests: strs,
     mask_rows: i32,
   }),
   rec({ kind: fc.constant("StepMask" as const), step_id: int, bitmask: i32 }),
@@ -79,6 +120,13 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     top_ids: fc.option(i32),
     top_logprobs: fc.option(f32),
     timings,
+    prompt_results: small(promptResult),
+    pass_results: small(passResult),
+    prompt_counts: fc.option(i32),
+    prompt_logprobs: fc.option(f32),
+    prompt_ranks: fc.option(i32),
+    prompt_top_ids: fc.option(i32),
+    prompt_top_logprobs: fc.option(f32),
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),

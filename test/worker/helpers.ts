@@ -91,13 +91,16 @@ export const greedy: SamplingParams = {
   logprobs: -1,
 };
 
+/** The graph fields of a step that carries no graph work. */
+export const NO_GRAPH_WORK = { prompts: [], batches: [], releases: new Int32Array(0), finished_requests: [] } satisfies Partial<StepMessage>;
+
 /** A step that adds one request and prefills all of its prompt into fresh blocks. */
 export function prefillStep(stepId: number, reqId: number, prompt: number[], firstBlock: number, sampling: SamplingParams = greedy): StepMessage {
   const blocks = Math.ceil(prompt.length / 16);
   return {
     kind: "Step",
     step_id: stepId,
-    added: [{ req_id: reqId, token_ids: Int32Array.from(prompt), num_prompt_tokens: prompt.length, sampling }],
+    added: [{ req_id: reqId, token_ids: Int32Array.from(prompt), num_prompt_tokens: prompt.length, sampling, prompt_logprobs: -1 }],
     removed: new Int32Array(0),
     req_ids: Int32Array.from([reqId]),
     num_new_tokens: Int32Array.from([prompt.length]),
@@ -105,6 +108,7 @@ export function prefillStep(stepId: number, reqId: number, prompt: number[], fir
     new_block_counts: Int32Array.from([blocks]),
     new_block_ids: Int32Array.from({ length: blocks }, (_, i) => firstBlock + i),
     sample: Uint8Array.from([1]),
+    ...NO_GRAPH_WORK,
     mask_rows: new Int32Array(0),
   };
 }
@@ -122,6 +126,7 @@ export function decodeStep(stepId: number, reqId: number, computed: number, remo
     new_block_counts: Int32Array.from([0]),
     new_block_ids: new Int32Array(0),
     sample: Uint8Array.from([1]),
+    ...NO_GRAPH_WORK,
     mask_rows: new Int32Array(0),
   };
 }

@@ -9,6 +9,7 @@ import { chmodSync, existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, describe, test } from "node:test";
 import { pathToFileURL } from "node:url";
+import { PROTOCOL_VERSION } from "../../src/transport/messages.js";
 import { packageRoot } from "../../src/transport/package-root.js";
 import { liveWorkerPids, shutdownAllWorkers, startWorker } from "../../src/worker/supervisor.js";
 import { WorkerStartError } from "../../src/worker/types.js";
@@ -143,7 +144,7 @@ describe("handshake failures (stand-in worker)", { concurrency: true }, () => {
     const dir = model();
     await assert.rejects(startWorker(nullWorkerOptions(dir, { python: fakeWorker("wrong-version") })), (error: unknown) => {
       assert.ok(error instanceof WorkerStartError);
-      assert.match(error.message, /protocol version 99, the engine speaks 2/);
+      assert.match(error.message, new RegExp(`protocol version 99, the engine speaks ${PROTOCOL_VERSION}`));
       assert.equal(error.exit?.signal, "SIGKILL");
       return true;
     });

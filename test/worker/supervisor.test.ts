@@ -69,22 +69,23 @@ describe("a running worker", () => {
   test(`keeps up to ${MAX_IN_FLIGHT} steps in flight, answered in order`, async () => {
     const a = worker.executeStep(decodeStep(3, 7, 6));
     const b = worker.executeStep(decodeStep(4, 7, 7));
-    await assert.rejects(worker.executeStep(decodeStep(5, 7, 8)), /at most 2 steps may be in flight/);
-    const [ra, rb] = await Promise.all([a, b]);
-    assert.deepStrictEqual([ra.step_id, rb.step_id], [3, 4]);
+    const c = worker.executeStep(decodeStep(5, 7, 8));
+    await assert.rejects(worker.executeStep(decodeStep(6, 7, 9)), /at most 3 steps may be in flight/);
+    const results = await Promise.all([a, b, c]);
+    assert.deepStrictEqual(results.map((r) => r.step_id), [3, 4, 5]);
   });
 
   test("rejects step ids that do not increase, without sending them", async () => {
-    await assert.rejects(worker.executeStep(decodeStep(4, 7, 8)), /step ids must increase: 4 after 4/);
-    const next = await worker.executeStep(decodeStep(5, 7, 8));
-    assert.equal(next.step_id, 5);
+    await assert.rejects(worker.executeStep(decodeStep(5, 7, 9)), /step ids must increase: 5 after 5/);
+    const next = await worker.executeStep(decodeStep(6, 7, 9));
+    assert.equal(next.step_id, 6);
   });
 
   test("a malformed step fails at the caller and the worker goes on", async () => {
-    const bad = prefillStep(6, 8, [1, 2], 10);
+    const bad = prefillStep(7, 8, [1, 2], 10);
     bad.added[0]!.sampling = { ...bad.added[0]!.sampling, top_k: 2.5 };
     await assert.rejects(worker.executeStep(bad), { name: "ProtocolError", message: "Step.added[0].sampling.top_k: expected int, got float" });
-    assert.equal((await worker.executeStep(prefillStep(6, 8, [1, 2], 10))).step_id, 6);
+    assert.equal((await worker.executeStep(prefillStep(7, 8, [1, 2], 10))).step_id, 7);
   });
 
   test("answers pings", async () => {
@@ -98,7 +99,7 @@ describe("a running worker", () => {
     assert.equal(isRunning(pid), false);
     assert.equal(worker.alive, false);
     await worker.shutdown(); // idempotent
-    await assert.rejects(worker.executeStep(decodeStep(9, 8, 2)), WorkerDiedError);
+    await assert.rejects(worker.executeStep(decodeStep(10, 8, 2)), WorkerDiedError);
     await assert.rejects(worker.ping(), WorkerDiedError);
     assert.deepStrictEqual(deaths, []);
     assert.deepStrictEqual(processesMatching(dir), []);

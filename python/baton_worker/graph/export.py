@@ -70,7 +70,12 @@ def export_graph(model: GraphModel) -> dict[str, Any]:
     return {
         "version": GRAPH_LAYOUT_VERSION,
         "nodes": [
-            {"name": name, "engine": engine.value, "overlap": _overlap(name, graphs)}
+            {
+                "name": name,
+                "engine": engine.value,
+                "overlap": _overlap(name, graphs),
+                "stop_token_ids": _stop_token_ids(model, name),
+            }
             for name, engine in engines.items()
         ],
         "sections": sections,
@@ -109,6 +114,16 @@ def _engine_types(model: GraphModel) -> dict[str, EngineType]:
                 f"node {name!r}: unknown engine type {engine!r} (kv_cache or stateless)"
             ) from None
     return engines
+
+
+def _stop_token_ids(model: GraphModel, node: str) -> list[int]:
+    ids = model.get_stop_token_ids(node)
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+        raise GraphDeclarationError(f"get_stop_token_ids({node!r}) must return a list of int")
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise GraphDeclarationError(f"get_stop_token_ids({node!r}): {token!r} is not a token id (int >= 0)")
+    return list(ids)
 
 
 def _edge(edge: GraphEdge) -> dict[str, Any]:

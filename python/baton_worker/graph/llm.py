@@ -5,7 +5,9 @@ path for text-only models. The engine core runs the `llm` node (scheduler,
 block manager, prefix cache, the worker's decoder), so it has no Python
 submodule here, and its loop-back is carried by the engine core feeding each
 sampled token back. Token stops (EOS, stop ids, max tokens) end `decode_loop`;
-`max_iters` is only the model's length limit.
+`max_iters` is only the model's length limit. The worker builds this model
+itself for a plain LLM directory (no registry entry, no get_kv_model_dir: the
+directory is the decoder's).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ DECODE_WALK = "decode"
 DECODE_LOOP = "decode_loop"
 TEXT_INPUTS = "text_inputs"
 NEW_TOKEN = "new_token"
+# The nodes and their engines, known before the decoder is loaded (a worker checks --nodes against them).
+NODE_ENGINES = {LLM_NODE: EngineType.KV_CACHE}
 
 
 class LLMGraphModel(GraphModel):
@@ -30,7 +34,10 @@ class LLMGraphModel(GraphModel):
         self.max_model_len = max_model_len
 
     def get_node_engine_types(self) -> dict[str, EngineType]:
-        return {LLM_NODE: EngineType.KV_CACHE}
+        return dict(NODE_ENGINES)
+
+    # get_stop_token_ids: the default (none). The frontend adds the tokenizer's
+    # EOS ids and the request's stop ids itself, as it always has for a plain LLM.
 
     def get_graph_walk_graphs(self) -> dict[str, GraphSection]:
         prefill = GraphNode(

@@ -13,6 +13,7 @@ declarative transitions, and a model that overrides either is exported as a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import torch
@@ -151,6 +152,23 @@ class GraphModel:
         """The module that runs stateless node `node_name` (see node_runner for
         its contract). KV-cache nodes run under the engine core: None."""
         raise NotImplementedError(f"{type(self).__name__} has no submodule for node {node_name!r}")
+
+    # ---- kv_cache nodes (run by the engine core over the worker's decoder) ----------
+
+    def get_kv_model_dir(self, node_name: str) -> Path:
+        """The Hugging Face decoder directory of kv_cache node `node_name`: a
+        worker hosting the node loads it with its KV cache, exactly as it loads
+        a plain LLM (same options)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not say where kv_cache node {node_name!r} has its weights "
+            "(declare get_kv_model_dir())"
+        )
+
+    def get_stop_token_ids(self, node_name: str) -> list[int]:
+        """Token ids that end the loop a kv_cache node's pass is in (the engine
+        core's stop checker decides; the sampled stop token is still delivered).
+        Exported per node as `stop_token_ids`. Default: none."""
+        return []
 
     # ---- partitions and transitions (defaults: one partition) ---------------------
 

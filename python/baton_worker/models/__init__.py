@@ -1,1 +1,29 @@
-"""Graph models that ship with Baton (each a package with its builder)."""
+"""Graph models that ship with Baton (each a package with its builder), and the
+registry the worker loads them through.
+
+A model directory whose config.json `architectures[0]` is a key of
+GRAPH_ARCHITECTURES is served as that graph model: the worker constructs the
+class with the directory (`cls(model_dir)`). Any other directory is a plain
+Hugging Face LLM (the one-node graph). Entries are "module:Class" strings,
+imported on lookup, so importing a model's builder or reference never pulls in
+the graph runtime.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .demo_tts.spec import ARCHITECTURE as DEMO_TTS
+
+GRAPH_ARCHITECTURES: dict[str, str] = {
+    DEMO_TTS: "baton_worker.models.demo_tts.graph_model:BatonDemoTTS",
+}
+
+
+def graph_model_class(architecture: str | None) -> type | None:
+    """The GraphModel subclass registered for `architecture`, or None (a plain LLM)."""
+    target = GRAPH_ARCHITECTURES.get(architecture) if isinstance(architecture, str) else None
+    if target is None:
+        return None
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)

@@ -139,6 +139,15 @@ class BatonDemoTTS(GraphModel):
             return None
         raise ValueError(f"unknown node {node_name!r}")
 
+    def get_kv_model_dir(self, node_name: str) -> Path:
+        if node_name != LLM:
+            raise ValueError(f"node {node_name!r} is not a kv_cache node of BatonDemoTTS")
+        return self.model_dir / self.spec.llm_dir
+
+    def get_stop_token_ids(self, node_name: str) -> list[int]:
+        # end-of-audio ends decode_loop; its iteration still streams it to the codec, which ignores it.
+        return [self.spec.tokens.end_of_audio] if node_name == LLM else []
+
     def get_output_sample_rate(self, modality: str = "audio") -> int:
         return self.spec.sample_rate
 

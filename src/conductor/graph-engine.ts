@@ -1,0 +1,636 @@
+// The graph engine: the conductor joined to the engines that run the nodes.
+// - kv_cache nodes run under an EngineCore each (scheduler, KV blocks, prefix
+//   cache, stops), whose steps go to the lane of the worker hosting the node;
+//   every sampled token becomes the conductor's kvToken event.
+// - stateless nodes: the conductor's ready passes are batched per (node, walk)
+//   and ride in the next step sent to the worker hosting them (WorkerLane);
+//   their results become completePass / failPass events.
+// - process_prompt runs on the worker of rank 0 the same way, and its result
+//   admits the request.
+// Everything is event-driven: the engine acts when a worker answers or a
+// client submits or leaves; there is no polling timer.
+//
+// A plain LLM is the one-node graph (node llm, walks prefill and decode) and
+// takes the same path: submit() admits its prompt ids, the conductor starts
+// the llm node's engine-core request, and each token reaches the client
+// through the conductor's client output, as RequestOutputs (with the engine
+// core's logprobs and finish reason) so the OpenAI frontend is unchanged.
+
+import { checkSubmittable, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import type { StepTimingRing } from "../engine/step-timings.js";
+import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor, StopConditions } from "../engine/types.js";
+import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
+import type { StepMasks } from "../structured/step-masks.js";
+import type { NamedValues, PassBatch, PassResult, PromptResult, ReadyMessage, SamplingParams, StepResultMessage, WireValue } from "../transport/messages.js";
+import { Conductor, type ClientOutputMeta, type KvStart, type ReadyBatch } from "./conductor.js";
+import type { Value, Values } from "./values.js";
+import { WorkerLane, type AttachedWork, type LaneListener } from "./worker-lane.js";
+import type { WorkerClient } from "../worker/types.js";
+
+/** A request for a graph's own outputs (audio, images...), as /generate and /v1/audio/speech make them. */
+export interface GraphRequest {
+  id: string;
+  /** Input for the model's process_prompt (run on the worker); null with `values`. */
+  prompt: { text: string | null; inputModalities: string[]; outputModalities: string[] } | null;
+  /** The prompt's values by name when the caller has them (token ids). */
+  values?: ReadonlyMap<string, Values>;
+  /** The model's own options (a voice...): process_prompt's kwargs and every pass's request kwargs. */
+  modelKwargs: Record<string, unknown>;
+  /** Sampling of the graph's kv_cache nodes. */
+  sampling: SamplingParams;
+  /** Tokens each kv_cache node may generate; null: the node's own limit. */
+  maxTokens: number | null;
+  priority: number;
+  arrivalMs: number;
+  /** Partitions that do not run for this request. */
+  inactivePartitions?: string[];
+}
+
+export type GraphEvent =
+  | { kind: "chunk"; name: string; modality: string; data: Uint8Array; metadata: Readonly<Record<string, unknown>> }
+  | { kind: "done" }
+  /** status: 400 when the request itself is at fault (its prompt cannot run), else 500. */
+  | { kind: "error"; message: string; status: 400 | 500 };
+
+export type GraphEventCallback = (event: GraphEvent) => void;
+
+/** Per-node numbers for /metrics and the dashboard. */
+export interface NodeStats {
+  node: string;
+  /** Passes ready and waiting for a step (stateless), or requests waiting (kv_cache). */
+  queueDepth: number;
+  /** The last batch's round trip (stateless nodes; 0 before the first and for kv_cache nodes). */
+  stepSeconds: number;
+}
+
+export interface NodeStepSample {
+  node: string;
+  seconds: number;
+}
+
+export interface GraphEngineOptions {
+  graph: CompiledGraph;
+  /** Workers by rank. */
+  workers: readonly WorkerClient[];
+  /** The rank that runs a node in a walk. */
+  rankOf(node: string, walk: string): number;
+  /** The engine changed without an output to show for it (a stopped request freed its blocks): stats are stale. */
+  onQuietChange?: () => void;
+  /** Benchmarks: a timing layer between a lane and its worker. */
+  wrapExecutor?: (rank: number, client: WorkerClient) => StepExecutor;
+  /** Engine-core settings for kv_cache nodes; sizes come from their worker's Ready. */
+  engine: Omit<EngineConfig, "maxModelLen" | "blockSize" | "numBlocks">;
+  /**
+   * Structured output: the grammar masks of the first kv_cache node's engine
+   * core (the one text requests are checked against), made for its worker's
+   * vocabulary; called once. Absent or null: requests with a grammar are refused.
+   */
+  stepMasks?: (ready: ReadyMessage) => StepMasks | null;
+}
+
+interface LiveRequest {
+  readonly id: string;
+  /** Text requests (submit): their client, and what the engine core asked for. */
+  readonly onOutput: OutputCallback | null;
+  readonly onEvent: GraphEventCallback | null;
+  readonly engineRequest: EngineRequest;
+  readonly modelKwargs: Record<string, unknown>;
+  admitted: boolean;
+  /** Text: tokens for the client since the last output. */
+  pending: number[];
+  /** The engine-core output being turned into conductor events, if any. */
+  coreOutput: RequestOutput | null;
+  ended: boolean;
+  endReason: RequestOutput["finishReason"];
+  endError: string | null;
+  /** kv_cache nodes whose engine-core request the conductor stopped. */
+  kvStopped: boolean;
+  /** Graph requests: the HTTP status of an error before any output (400: the request cannot run). */
+  endStatus: 400 | 500;
+}
+
+const DEFAULT_STOP: StopConditions = { maxTokens: 1, eosTokenIds: [], stopTokenIds: [], ignoreEos: false, minTokens: 0 };
+
+export class GraphEngine implements LaneListener {
+  readonly graph: CompiledGraph;
+  readonly conductor: Conductor;
+  readonly lanes: readonly WorkerLane[];
+  /** Engine core per kv_cache node id (null for stateless nodes). */
+  private readonly cores: (EngineCore | null)[];
+  private readonly primaryCore: EngineCore | null;
+  private readonly configs: (EngineConfig | null)[];
+  private readonly live = new Map<string, LiveRequest>();
+  /** Where each (node id, walk id) runs. */
+  private readonly rankOfWalkNode: number[];
+  /** kv_cache node id -> the most tokens one request may generate there (its loops' max_iters). */
+  private readonly nodeTokenCap: number[];
+  private readonly statelessLanes: WorkerLane[];
+  private busy = false;
+  private readonly deferred: (() => void)[] = [];
+  private readonly touched = new Set<LiveRequest>();
+  private readonly stepSamples: NodeStepSample[] = [];
+  private readonly lastStepSeconds = new Map<string, number>();
+  private closed = false;
+  private readonly onQuietChange: () => void;
+
+  constructor(options: GraphEngineOptions) {
+    const graph = options.graph;
+    this.onQuietChange = options.onQuietChange ?? (() => {});
+    this.graph = graph;
+    this.lanes = options.workers.map((w, rank) => new WorkerLane(rank, w, this, options.wrapExecutor?.(rank, w) ?? w));
+    this.rankOfWalkNode = graph.walkNodes.map((wn) => {
+      const rank = options.rankOf(wn.node.name, graph.walks[wn.walk]!.name);
+      if (this.lanes[rank] === undefined) throw new Error(`node ${wn.node.name} is placed on rank ${rank}, which has no worker`);
+      return rank;
+    });
+    this.configs = graph.nodes.map(() => null);
+    let masksTaken = false;
+    this.cores = graph.nodes.map((node) => {
+      if (node.engine !== "kv_cache") return null;
+      const ranks = new Set(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => this.rankOfWalkNode[wn.id]!));
+      if (ranks.size !== 1) throw new Error(`kv_cache node ${node.name} must run on one rank for all its walks, not ${[...ranks].join(", ")}`);
+      const lane = this.lanes[[...ranks][0]!]!;
+      const ready = lane.ready;
+      if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
+      const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
+      this.configs[node.id] = config;
+      const masks = masksTaken ? null : (options.stepMasks?.(ready) ?? null);
+      masksTaken = true;
+      return new EngineCore(lane, config, { masks });
+    });
+    this.primaryCore = this.cores.find((c) => c !== null) ?? null;
+    this.nodeTokenCap = graph.nodes.map((node) => {
+      let cap = Infinity;
+      for (const wn of graph.walkNodes) {
+        if (wn.node !== node) continue;
+        for (const l of wn.loops) cap = Math.min(cap, graph.loops[l]!.maxIters);
+      }
+      return cap;
+    });
+    const statelessRanks = new Set<number>();
+    for (const wn of graph.walkNodes) if (wn.node.engine === "stateless") statelessRanks.add(this.rankOfWalkNode[wn.id]!);
+    this.statelessLanes = [...statelessRanks].map((r) => this.lanes[r]!);
+    this.conductor = new Conductor(graph, {
+      clientOutput: (id, output, values, meta) => this.onClientOutput(id, output, values, meta),
+      requestDone: (id) => this.onRequestEnded(id, null),
+      requestFailed: (id, message) => this.onRequestEnded(id, message),
+      release: (worker, handles) => this.lanes[worker]?.release(handles),
+      kvStart: (start) => this.onKvStart(start),
+      kvStop: (id) => this.onKvStop(id),
+    });
+  }
+
+  /** The first kv_cache node's engine configuration (what the OpenAI frontend validates against). */
+  get config(): EngineConfig | null {
+    return this.configs.find((c) => c !== null) ?? null;
+  }
+
+  get stats(): EngineStats {
+    return this.primaryCore?.stats ?? EMPTY_STATS;
+  }
+
+  get timings(): StepTimingRing | null {
+    return this.primaryCore?.timings ?? null;
+  }
+
+  get activeRequests(): number {
+    return this.live.size;
+  }
+
+  nodeStats(): NodeStats[] {
+    const queued = new Map<string, number>();
+    for (const lane of this.lanes) lane.queuedPasses(queued);
+    return this.graph.nodes.map((node) => ({
+      node: node.name,
+      queueDepth: node.engine === "kv_cache" ? (this.cores[node.id]?.stats.numWaiting ?? 0) : (queued.get(node.name) ?? 0),
+      stepSeconds: this.lastStepSeconds.get(node.name) ?? 0,
+    }));
+  }
+
+  /** Stateless batches' round trips since the last call. */
+  takeStepSamples(): NodeStepSample[] {
+    return this.stepSamples.splice(0);
+  }
+
+  /** Tensors the control plane refers to, for leak checks. */
+  heldTensors(): number {
+    let n = 0;
+    for (const id of this.live.keys()) n += this.conductor.heldTensors(id).length;
+    return n;
+  }
+
+  // ------------------------------------------------------------ submitting
+
+  /**
+   * A text request on a graph whose prompt is token ids (a plain LLM):
+   * refused synchronously (RequestRejectedError) when it can never run.
+   */
+  submit(req: EngineRequest, onOutput: OutputCallback): void {
+    this.checkNew(req.id);
+    const config = this.config;
+    if (config === null) throw new RequestRejectedError(`request ${req.id}: this model has no kv_cache node to generate text`);
+    if (this.graph.promptNames.length !== 1) {
+      throw new RequestRejectedError(`request ${req.id}: this model's prompt is not token ids (it takes ${this.graph.promptNames.join(", ")})`);
+    }
+    checkSubmittable(req, { ...config, vocabSize: this.lanes[0]!.ready.vocab_size });
+    if (req.grammar != null && !this.primaryCore!.takesGrammars) {
+      throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
+    }
+    const live = this.track(req.id, onOutput, null, req, {});
+    live.admitted = true;
+    const prompt = new Map([[this.graph.promptNames[0]!, [{ kind: "tokens", ids: Int32Array.from(req.promptIds) } as Value]]]);
+    this.call(() => this.conductor.admit(req.id, prompt));
+  }
+
+  /** A request for the graph's own outputs; events come through onEvent, the last one "done" or "error". */
+  submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void {
+    this.checkNew(req.id);
+    if (req.prompt === null && req.values === undefined) throw new RequestRejectedError(`request ${req.id}: neither a prompt nor prompt values`);
+    for (const name of req.inactivePartitions ?? []) {
+      if (!this.graph.partitionByName.has(name)) throw new RequestRejectedError(`request ${req.id}: unknown partition ${name}`);
+    }
+    const stop: StopConditions = { ...DEFAULT_STOP, maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER };
+    const engineRequest: EngineRequest = { id: req.id, promptIds: [], sampling: req.sampling, stop, priority: req.priority, arrivalMs: req.arrivalMs };
+    const live = this.track(req.id, null, onEvent, engineRequest, req.modelKwargs);
+    const inactive = req.inactivePartitions ?? [];
+    if (req.values !== undefined) {
+      live.admitted = true;
+      const values = req.values;
+      this.call(() => this.conductor.admit(req.id, values, { inactivePartitions: inactive }));
+      return;
+    }
+    const prompt = req.prompt!;
+    this.admitAfterPrompt.set(req.id, inactive);
+    this.lanes[0]!.addPrompt({
+      request_id: req.id,
+      prompt: prompt.text,
+      input_modalities: prompt.inputModalities,
+      output_modalities: prompt.outputModalities,
+      kwargs: req.modelKwargs,
+    });
+  }
+
+  private readonly admitAfterPrompt = new Map<string, string[]>();
+
+  /** The client went away: everything the request holds is freed; its last output says "abort". */
+  abort(requestId: string): void {
+    const req = this.live.get(requestId);
+    if (req === undefined) return;
+    const admitted = req.admitted;
+    this.end(req, "abort", null);
+    if (admitted) this.call(() => this.conductor.abort(requestId));
+  }
+
+  /** Ends live requests ("abort"), refuses new ones, resolves once no step is running. */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const req of [...this.live.values()]) this.end(req, "abort", "the engine is shutting down");
+    await Promise.all(this.cores.map((c) => c?.close()));
+  }
+
+  checkIntegrity(): void {
+    for (const c of this.cores) c?.checkIntegrity();
+  }
+
+  private checkNew(id: string): void {
+    if (this.closed) throw new RequestRejectedError(`request ${id}: the engine is shutting down`);
+    if (this.live.has(id)) throw new RequestRejectedError(`request ${id}: a request with this id is already running`);
+  }
+
+  private track(
+    id: string,
+    onOutput: OutputCallback | null,
+    onEvent: GraphEventCallback | null,
+    engineRequest: EngineRequest,
+    modelKwargs: Record<string, unknown>,
+  ): LiveRequest {
+    const live: LiveRequest = {
+      id,
+      onOutput,
+      onEvent,
+      engineRequest,
+      modelKwargs,
+      admitted: false,
+      pending: [],
+      coreOutput: null,
+      ended: false,
+      endReason: null,
+      endError: null,
+      kvStopped: false,
+      endStatus: 500,
+    };
+    this.live.set(id, live);
+    return live;
+  }
+
+  // ------------------------------------------------------------ conductor calls
+
+  /** Runs a conductor call, then what its sink deferred: outputs, new passes, engine-core stops. */
+  private call(fn: () => void): void {
+    if (this.busy) {
+      this.deferred.push(fn);
+      return;
+    }
+    this.busy = true;
+    try {
+      fn();
+      for (let i = 0; i < this.deferred.length; i++) this.deferred[i]!();
+      this.deferred.length = 0;
+    } finally {
+      this.busy = false;
+    }
+    this.flushTouched();
+    this.dispatchReady();
+  }
+
+  private dispatchReady(): void {
+    const batches = this.conductor.takeReady();
+    for (const batch of batches) this.lanes[this.rankOfWalkNode[batch.walkNode.id]!]!.addBatch(this.wireBatch(batch));
+  }
+
+  private wireBatch(batch: ReadyBatch): PassBatch {
+    const wn = batch.walkNode;
+    return {
+      batch_id: batch.batchId,
+      node: wn.node.name,
+      walk: this.graph.walks[wn.walk]!.name,
+      passes: batch.passes.map((p) => ({
+        pass_id: p.passId,
+        request_id: p.requestId,
+        inputs: wn.inputNames.map((name, i) => ({ name, values: wireValues(p.inputs[i]!) })),
+        chunks: p.chunks.flatMap((c, i) =>
+          c === null ? [] : [{ name: wn.inputNames[i]!, index: c.index, start: c.start, context_count: c.contextCount, final: c.final }],
+        ),
+        request_kwargs: this.live.get(p.requestId)?.modelKwargs ?? {},
+      })),
+    };
+  }
+
+  // ------------------------------------------------------------ conductor sink
+
+  private onClientOutput(requestId: string, _output: CompiledClientOutput, values: Values, _meta: ClientOutputMeta): void {
+    const req = this.live.get(requestId);
+    if (req === undefined) return;
+    if (req.onOutput !== null) {
+      for (const v of values) if (v.kind === "tokens") for (const t of v.ids) req.pending.push(t);
+      this.touched.add(req);
+      return;
+    }
+    for (const v of values) {
+      if (v.kind === "bytes") req.onEvent!({ kind: "chunk", name: _output.name, modality: v.modality, data: v.data, metadata: v.metadata });
+      else if (v.kind === "tokens") {
+        req.onEvent!({ kind: "chunk", name: _output.name, modality: _output.modality, data: new Uint8Array(0), metadata: { token_ids: [...v.ids] } });
+      }
+    }
+  }
+
+  private onRequestEnded(requestId: string, error: string | null): void {
+    const req = this.live.get(requestId);
+    if (req === undefined) return;
+    if (error === null) this.end(req, req.coreOutput?.finishReason ?? "length", null);
+    else this.end(req, "error", error);
+  }
+
+  private onKvStart(start: KvStart): void {
+    if (start.continuing) return;
+    const req = this.live.get(start.requestId);
+    if (req === undefined) return;
+    const node = start.walkNode.node;
+    const core = this.cores[node.id]!;
+    const ids: number[] = [];
+    for (const v of start.inputs[0] ?? []) {
+      if (v.kind !== "tokens") {
+        this.deferred.push(() => this.conductor.failRequest(req.id, `kv_cache node ${node.name} takes token ids, not a ${v.kind}`));
+        return;
+      }
+      for (const t of v.ids) ids.push(t);
+    }
+    const base = req.engineRequest;
+    const config = this.configs[node.id]!;
+    const cap = Math.min(base.stop.maxTokens, this.nodeTokenCap[node.id]!, Math.max(1, config.maxModelLen - ids.length));
+    const engineRequest: EngineRequest =
+      req.onOutput !== null
+        ? base
+        : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] } };
+    try {
+      core.submit(engineRequest, (out) => this.onCoreOutput(node, out));
+    } catch (error) {
+      const message = (error as Error).message;
+      if (req.onEvent !== null) req.endStatus = 400;
+      this.deferred.push(() => this.conductor.failRequest(req.id, message));
+    }
+  }
+
+  private onKvStop(requestId: string): void {
+    const req = this.live.get(requestId);
+    if (req !== undefined) req.kvStopped = true;
+    // Outside the conductor call: the core's abort output comes back synchronously.
+    for (const core of this.cores) if (core !== null) queueMicrotask(() => core.abort(requestId));
+  }
+
+  // ------------------------------------------------------------ engine-core outputs
+
+  private onCoreOutput(node: CompiledNode, out: RequestOutput): void {
+    const req = this.live.get(out.requestId);
+    if (req === undefined || req.kvStopped) {
+      if (out.finished) this.onQuietChange();
+      return;
+    }
+    const n = out.newTokenIds.length;
+    req.coreOutput = out;
+    if (n > 0) {
+      this.call(() => {
+        for (let i = 0; i < n; i++) {
+          const finish = i === n - 1 && out.finished ? out.finishReason : null;
+          this.conductor.kvToken(out.requestId, node, { kind: "tokens", ids: Int32Array.of(out.newTokenIds[i]!) }, finish);
+        }
+      });
+    } else if (out.finished) {
+      // Ended without a token: the worker failed, or the engine aborted it (closing).
+      if (out.finishReason === "abort") this.end(req, "abort", out.error);
+      else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
+    }
+    req.coreOutput = null;
+    this.flushTouched();
+  }
+
+  // ------------------------------------------------------------ worker results
+
+  stepDone(lane: WorkerLane, work: AttachedWork, result: StepResultMessage, roundTripMs: number): void {
+    for (const b of work.batches) {
+      this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000 });
+      this.lastStepSeconds.set(b.node, roundTripMs / 1000);
+    }
+    if (this.stepSamples.length > 4096) this.stepSamples.splice(0, this.stepSamples.length - 4096);
+    const prompts = new Map(result.prompt_results.map((r) => [r.request_id, r]));
+    const passes = new Map(result.pass_results.map((r) => [r.pass_id, r]));
+    for (const p of work.prompts) this.onPromptResult(lane, p.request_id, prompts.get(p.request_id));
+    for (const b of work.batches) {
+      for (const p of b.passes) this.onPassResult(lane, p.pass_id, passes.get(p.pass_id));
+    }
+  }
+
+  stepFailed(lane: WorkerLane, work: AttachedWork, error: Error): void {
+    const message = `worker ${lane.rank} failed: ${error.message}`;
+    for (const p of work.prompts) {
+      const req = this.live.get(p.request_id);
+      this.admitAfterPrompt.delete(p.request_id);
+      if (req !== undefined && !req.admitted) this.end(req, "error", message);
+    }
+    for (const b of work.batches) this.call(() => this.conductor.failBatch(b.batch_id, message));
+  }
+
+  private onPromptResult(lane: WorkerLane, requestId: string, result: PromptResult | undefined): void {
+    const inactive = this.admitAfterPrompt.get(requestId) ?? [];
+    this.admitAfterPrompt.delete(requestId);
+    const req = this.live.get(requestId);
+    const values = result === undefined ? new Map<string, Values>() : fromNamedValues(result.values, lane.rank);
+    if (req === undefined || req.admitted || result === undefined || result.error !== null) {
+      // Gone meanwhile (its tensors are freed), or refused by process_prompt.
+      const handles = [...values.values()].flatMap((vs) => vs.flatMap((v) => (v.kind === "tensor" ? [v.handle] : [])));
+      if (handles.length > 0) lane.release(handles);
+      if (req !== undefined && !req.admitted) {
+        req.endStatus = 400;
+        this.end(req, "error", result === undefined ? `worker ${lane.rank} did not answer the prompt` : `process_prompt: ${result.error}`);
+      }
+      return;
+    }
+    req.admitted = true;
+    this.call(() => this.conductor.admit(requestId, values, { inactivePartitions: inactive }));
+  }
+
+  private onPassResult(lane: WorkerLane, passId: number, result: PassResult | undefined): void {
+    if (result === undefined) {
+      this.call(() => this.conductor.failPass(passId, `worker ${lane.rank} did not answer pass ${passId}`));
+      return;
+    }
+    if (result.error !== null) {
+      const error = result.error;
+      this.call(() => this.conductor.failPass(passId, error));
+      return;
+    }
+    const outputs = fromNamedValues(result.outputs, lane.rank);
+    for (const chunk of result.client_chunks) {
+      const list = (outputs.get(chunk.name) ?? []) as Value[];
+      list.push({ kind: "bytes", modality: chunk.modality, data: chunk.data, metadata: (chunk.metadata ?? {}) as Record<string, unknown> });
+      outputs.set(chunk.name, list);
+    }
+    this.call(() => this.conductor.completePass(passId, outputs, result.stops));
+  }
+
+  // ------------------------------------------------------------ endings
+
+  private end(req: LiveRequest, reason: RequestOutput["finishReason"], error: string | null): void {
+    if (req.ended) return;
+    req.ended = true;
+    req.endReason = reason;
+    req.endError = error;
+    this.forget(req);
+    if (req.onOutput !== null) {
+      this.touched.add(req);
+      if (!this.busy) this.flushTouched();
+      return;
+    }
+    const event: GraphEvent = error === null && reason !== "abort" ? { kind: "done" } : { kind: "error", message: error ?? "aborted", status: req.endStatus };
+    callSafely(req.onEvent!, event);
+  }
+
+  /** Drops the request from the engine's tables and tells stateless workers it ended. */
+  private forget(req: LiveRequest): void {
+    if (!this.live.delete(req.id)) return;
+    this.admitAfterPrompt.delete(req.id);
+    for (const lane of this.statelessLanes) lane.requestEnded(req.id);
+  }
+
+  private flushTouched(): void {
+    if (this.busy || this.touched.size === 0) return;
+    for (const req of this.touched) {
+      this.touched.delete(req);
+      const tokens = req.pending;
+      if (tokens.length === 0 && !req.ended) continue;
+      req.pending = [];
+      const core = req.coreOutput;
+      const output: RequestOutput = {
+        requestId: req.id,
+        newTokenIds: tokens,
+        logprobs: core !== null && core.logprobs !== null && core.logprobs.length === tokens.length ? core.logprobs : null,
+        finished: req.ended,
+        finishReason: req.ended ? req.endReason : null,
+        stopTokenId: req.ended && core !== null ? core.stopTokenId : null,
+        numCachedTokens: core?.numCachedTokens ?? 0,
+        error: req.ended ? req.endError : null,
+      };
+      // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
+      if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
+      if (core?.timing !== undefined) output.timing = core.timing;
+      callSafely(req.onOutput!, output);
+    }
+  }
+}
+
+// ------------------------------------------------------------ wire values
+
+function wireValues(values: Values): WireValue[] {
+  const out: WireValue[] = [];
+  for (const v of values) {
+    switch (v.kind) {
+      case "tokens":
+        out.push({ form: "tokens", handle: 0, worker: 0, ids: v.ids, dtype: "", shape: [] });
+        break;
+      case "tensor":
+        out.push({ form: "tensor", handle: v.handle, worker: v.worker, ids: NO_IDS, dtype: v.dtype, shape: [...v.shape] });
+        break;
+      case "empty":
+        out.push({ form: "empty", handle: 0, worker: 0, ids: NO_IDS, dtype: "", shape: [] });
+        break;
+      case "bytes":
+        // Client renderings never travel back to a worker.
+        break;
+    }
+  }
+  return out;
+}
+
+function fromNamedValues(named: readonly NamedValues[], rank: number): Map<string, Values> {
+  const map = new Map<string, Values>();
+  for (const { name, values } of named) {
+    map.set(
+      name,
+      values.map((w): Value => {
+        switch (w.form) {
+          case "tokens":
+            return { kind: "tokens", ids: w.ids };
+          case "tensor":
+            return { kind: "tensor", handle: w.handle, worker: rank, dtype: w.dtype, shape: w.shape };
+          default:
+            return { kind: "empty" };
+        }
+      }),
+    );
+  }
+  return map;
+}
+
+function callSafely<T>(fn: (arg: T) => void, arg: T): void {
+  try {
+    fn(arg);
+  } catch {
+    // A client's callback must not stop the engine.
+  }
+}
+
+const NO_IDS = new Int32Array(0);
+
+const EMPTY_STATS: EngineStats = {
+  numRunning: 0,
+  numWaiting: 0,
+  numFreeBlocks: 0,
+  numCachedBlocks: 0,
+  numUsedBlocks: 0,
+  numBlocks: 0,
+  numPreemptions: 0,
+  numSteps: 0,
+  numPrefixQueryTokens: 0,
+  numPrefixHitTokens: 0,
+  numCallbackErrors: 0,
+};

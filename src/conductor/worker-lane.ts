@@ -1,0 +1,204 @@
+// One model worker as the graph engine sees it: the steps sent to it, in
+// order, and the graph work waiting for the next one (prompts to process,
+// stateless pass batches, tensor releases, ended requests).
+//
+// Graph work rides in the next step that goes to the worker: the engine
+// core's (a worker hosting a kv_cache node sends one every engine step) or,
+// when none is in flight, a step of its own with no rows. So the seam is
+// crossed once per worker per step whatever the number of requests, and a
+// stateless node's pass runs in the same worker call as the decode rows of
+// the step it was ready for.
+//
+// Grammar masks (structured output) follow the engine core's step as a
+// StepMask naming the step's id; the lane renumbers steps, so it translates
+// the core's id to the wire id it sent that step under. The worker waits for
+// a mask only in a step with mask_rows, which the lane's own steps never have.
+
+import type { StepExecutor } from "../engine/types.js";
+import type { PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
+import type { WorkerClient } from "../worker/types.js";
+
+/** The graph work a step carried, for matching its results (or failing them). */
+export interface AttachedWork {
+  readonly prompts: readonly PromptRequest[];
+  readonly batches: readonly PassBatch[];
+}
+
+export interface LaneListener {
+  /** The step's result arrived (before the engine core sees its rows). */
+  stepDone(lane: WorkerLane, work: AttachedWork, result: StepResultMessage, roundTripMs: number): void;
+  /** The worker did not answer the step (it died, or broke the protocol). */
+  stepFailed(lane: WorkerLane, work: AttachedWork, error: Error): void;
+}
+
+const NO_INTS = new Int32Array(0);
+const NO_BYTES = new Uint8Array(0);
+const NO_WORK: AttachedWork = Object.freeze({ prompts: [], batches: [] });
+
+export class WorkerLane implements StepExecutor {
+  private prompts: PromptRequest[] = [];
+  private batches: PassBatch[] = [];
+  private releases: number[] = [];
+  private finished: string[] = [];
+  private inFlight = 0;
+  /** Wire step ids: the lane numbers every step it sends (the engine core's and its own), strictly increasing. */
+  private nextWireStepId = 0;
+  /** Engine-core step id -> wire step id, for the core's steps in flight (a worker hosts one kv_cache node, so one core). */
+  private readonly wireIds = new Map<number, number>();
+  private kickScheduled = false;
+
+  constructor(
+    /** The worker's rank in the deployment (0 without one). */
+    readonly rank: number,
+    readonly client: WorkerClient,
+    private readonly listener: LaneListener,
+    /** What sends the steps: the client, or a benchmark's timing layer around it. */
+    private readonly executor: StepExecutor = client,
+  ) {}
+
+  get ready(): ReadyMessage {
+    return this.client.ready;
+  }
+
+  /** Steps sent and not answered yet. */
+  get stepsInFlight(): number {
+    return this.inFlight;
+  }
+
+  addPrompt(prompt: PromptRequest): void {
+    this.prompts.push(prompt);
+    this.kick();
+  }
+
+  addBatch(batch: PassBatch): void {
+    this.batches.push(batch);
+    this.kick();
+  }
+
+  release(handles: readonly number[]): void {
+    for (const h of handles) this.releases.push(h);
+    this.kick();
+  }
+
+  requestEnded(requestId: string): void {
+    this.finished.push(requestId);
+    this.kick();
+  }
+
+  /** Passes waiting for a step, per node name. */
+  queuedPasses(into: Map<string, number>): void {
+    for (const b of this.batches) into.set(b.node, (into.get(b.node) ?? 0) + b.passes.length);
+  }
+
+  /** Sends a step (the engine core's, or the lane's own), carrying the graph work waiting. */
+  executeStep(message: StepMessage): Promise<StepResultMessage> {
+    const work = this.attach(message);
+    // The engine core counts its own steps; the worker sees the lane's numbering, the core gets its id back.
+    const coreStepId = message.step_id;
+    const wireStepId = this.nextWireStepId++;
+    message.step_id = wireStepId;
+    // Only the core's steps can have masks to follow (its ids are >= 0; the lane's own are -1).
+    if (coreStepId >= 0) this.wireIds.set(coreStepId, wireStepId);
+    this.inFlight++;
+    const sentAt = performance.now();
+    let sent: Promise<StepResultMessage>;
+    try {
+      sent = this.executor.executeStep(message);
+    } catch (error) {
+      sent = Promise.reject(error);
+    }
+    // Encoded synchronously above: the caller keeps its own id on its message.
+    message.step_id = coreStepId;
+    return sent.then(
+      (result) => {
+        this.inFlight--;
+        this.wireIds.delete(coreStepId);
+        result.step_id = coreStepId;
+        if (work !== NO_WORK) this.listener.stepDone(this, work, result, performance.now() - sentAt);
+        this.kick();
+        return result;
+      },
+      (error: unknown) => {
+        this.inFlight--;
+        this.wireIds.delete(coreStepId);
+        if (work !== NO_WORK) this.listener.stepFailed(this, work, error instanceof Error ? error : new Error(String(error)));
+        this.kick();
+        throw error;
+      },
+    );
+  }
+
+  /**
+   * The grammar masks of the engine core's step `mask.step_id`, sent under
+   * that step's wire id. A step no longer in flight has no worker waiting
+   * for its mask (it answered, or failed): the mask is dropped.
+   */
+  sendStepMask(mask: StepMaskMessage): void {
+    const wireStepId = this.wireIds.get(mask.step_id);
+    if (wireStepId === undefined) return;
+    this.executor.sendStepMask?.({ ...mask, step_id: wireStepId });
+  }
+
+  private attach(message: StepMessage): AttachedWork {
+    if (this.releases.length > 0) {
+      message.releases = Int32Array.from(this.releases);
+      this.releases = [];
+    }
+    if (this.finished.length > 0) {
+      message.finished_requests = this.finished;
+      this.finished = [];
+    }
+    if (this.prompts.length === 0 && this.batches.length === 0) return NO_WORK;
+    const work: AttachedWork = { prompts: this.prompts, batches: this.batches };
+    message.prompts = this.prompts;
+    message.batches = this.batches;
+    this.prompts = [];
+    this.batches = [];
+    return work;
+  }
+
+  private hasWork(): boolean {
+    return this.prompts.length > 0 || this.batches.length > 0 || this.releases.length > 0 || this.finished.length > 0;
+  }
+
+  /**
+   * After the current turn: when nothing is in flight to this worker (no
+   * engine-core step will carry the work), send a step of the lane's own.
+   */
+  private kick(): void {
+    if (this.kickScheduled) return;
+    this.kickScheduled = true;
+    setImmediate(() => {
+      this.kickScheduled = false;
+      if (this.inFlight > 0 || !this.hasWork()) return;
+      if (!this.client.alive && this.prompts.length === 0 && this.batches.length === 0) {
+        // Nothing to free on a dead worker; passes and prompts still go, to fail at once instead of waiting.
+        this.releases = [];
+        this.finished = [];
+        return;
+      }
+      this.executeStep(graphOnlyStep()).catch(() => {});
+    });
+  }
+}
+
+/** A step with no rows: it carries only graph work. */
+function graphOnlyStep(): StepMessage {
+  return {
+    kind: "Step",
+    step_id: -1,
+    added: [],
+    removed: NO_INTS,
+    req_ids: NO_INTS,
+    num_new_tokens: NO_INTS,
+    num_computed: NO_INTS,
+    new_block_counts: NO_INTS,
+    new_block_ids: NO_INTS,
+    sample: NO_BYTES,
+    prompts: [],
+    batches: [],
+    releases: NO_INTS,
+    finished_requests: [],
+    mask_rows: NO_INTS,
+  };
+}

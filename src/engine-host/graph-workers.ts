@@ -1,0 +1,75 @@
+// Starts the model workers a deployment asks for, one process per rank, and
+// works out where each (node, walk) runs. Without a deployment one worker
+// hosts every node. Rank 0 starts first: its Ready carries the model's graph,
+// which the deployment is checked against (a file naming an unknown node or
+// leaving a node unhosted is refused in one line) before the other ranks start.
+
+import { placeGraph, DeploymentError, type Deployment } from "../config/deployment.js";
+import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
+import { startWorker } from "../worker/supervisor.js";
+import type { WorkerClient, WorkerOptions } from "../worker/types.js";
+
+export interface GraphWorkers {
+  graph: CompiledGraph;
+  /** By rank. */
+  workers: WorkerClient[];
+  rankOf(node: string, walk: string): number;
+}
+
+/** The nodes each rank hosts, by rank; ranks must be 0..n-1. */
+export function nodesByRank(deployment: Deployment): string[][] {
+  const byRank = new Map<number, Set<string>>();
+  for (const group of deployment.nodeGroups) {
+    for (const r of group.ranks) {
+      let nodes = byRank.get(r);
+      if (nodes === undefined) byRank.set(r, (nodes = new Set()));
+      for (const n of group.nodeNames) nodes.add(n);
+    }
+  }
+  const ranks = [...byRank.keys()].sort((a, b) => a - b);
+  ranks.forEach((r, i) => {
+    if (r !== i) throw new DeploymentError(`${deployment.source}: ranks must be 0..${ranks.length - 1}, one worker each; rank ${i} is missing`);
+  });
+  return ranks.map((r) => [...byRank.get(r)!]);
+}
+
+/** Worker options of one rank: its nodes, and the deployment's KV and length settings. */
+function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: number, nodes: string[] | undefined): WorkerOptions {
+  if (deployment === null) return base;
+  return {
+    ...base,
+    nodes,
+    rank,
+    numBlocks: base.numBlocks ?? deployment.kvCache.maxNumPages ?? undefined,
+    maxModelLen: base.maxModelLen ?? deployment.maxSeqLen ?? undefined,
+    // One progress bar: rank 0's.
+    onLoadProgress: rank === 0 ? base.onLoadProgress : undefined,
+  };
+}
+
+/** Starts every rank; on any failure stops what started and rejects (WorkerStartError or DeploymentError). */
+export async function startGraphWorkers(base: WorkerOptions, deployment: Deployment | null): Promise<GraphWorkers> {
+  const nodes = deployment === null ? [undefined] : nodesByRank(deployment);
+  const workers: WorkerClient[] = [];
+  try {
+    workers.push(await startWorker(rankOptions(base, deployment, 0, nodes[0])));
+    const graph = compileModelGraph(workers[0]!.ready.graph);
+    const shape = {
+      nodes: graph.nodes.map((n) => n.name),
+      walks: graph.walks.map((w) => ({ name: w.name, nodes: graph.walkNodes.slice(w.walkNodeStart, w.walkNodeEnd).map((wn) => wn.node.name) })),
+    };
+    const placement = placeGraph(deployment, shape);
+    const rest = await Promise.allSettled(nodes.slice(1).map((n, i) => startWorker(rankOptions(base, deployment, i + 1, n))));
+    for (const r of rest) if (r.status === "fulfilled") workers.push(r.value);
+    const failed = rest.find((r) => r.status === "rejected");
+    if (failed !== undefined) throw (failed as PromiseRejectedResult).reason;
+    return {
+      graph,
+      workers,
+      rankOf: (node, walk) => placement.instances(node, walk)[0]?.[0] ?? 0,
+    };
+  } catch (error) {
+    await Promise.all(workers.map((w) => w.shutdown().catch(() => {})));
+    throw error;
+  }
+}

@@ -1,0 +1,299 @@
+// Endpoints of models whose outputs are not (only) text: POST /v1/audio/speech
+// (OpenAI's, streamed as it is decoded) and M*'s multipart form of POST
+// /generate (NDJSON chunks {modality, data (base64), metadata}, an error as a
+// final {modality: "error"} chunk; or one JSON body when not streaming).
+// Both submit a GraphRequest: the model's process_prompt runs on the worker,
+// `model_kwargs` (the voice...) reach it and every node, and the sampling
+// fields drive the graph's kv_cache nodes, so the same text, voice and seed
+// give the same bytes through either endpoint.
+
+import type { FastifyReply, FastifyRequest } from "fastify";
+import type { GraphEvent, GraphEventCallback, GraphRequest } from "../conductor/graph-engine.js";
+import { RequestRejectedError } from "../engine/engine-core.js";
+import type { SamplingParams } from "../transport/messages.js";
+import { SPEECH_CONTENT_TYPES, wavHeader } from "./audio-encoding.js";
+import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
+import { parseSpeechRequest } from "./request-validation.js";
+
+/** The engine as these endpoints use it. */
+export interface GraphEngineHandle {
+  submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
+  abort(requestId: string): void;
+}
+
+export interface GraphEndpointsOptions {
+  engine: GraphEngineHandle;
+  /** The modalities the model's graph emits to the client. */
+  outputModalities: readonly string[];
+  unavailableReason(): string | null;
+  /** Time to first audio byte, per request (seconds). */
+  onFirstAudio?: (seconds: number) => void;
+}
+
+let nextRequestNumber = 0;
+/** When a model's chunks do not say (24 kHz, as OpenAI's speech). */
+const DEFAULT_SAMPLE_RATE = 24_000;
+
+function samplingOf(temperature: number, seed: number | null): SamplingParams {
+  return {
+    temperature,
+    top_p: 1,
+    top_k: 0,
+    min_p: 0,
+    seed,
+    presence_penalty: 0,
+    frequency_penalty: 0,
+    repetition_penalty: 1,
+    min_tokens: 0,
+    suppress_token_ids: new Int32Array(0),
+    logprobs: -1,
+  };
+}
+
+/**
+ * A graph request's events as a pull queue; a client that leaves aborts it
+ * (everything it holds on every worker is freed).
+ */
+class GraphRun {
+  private readonly events: GraphEvent[] = [];
+  private waiting: ((event: GraphEvent) => void) | null = null;
+  private ended = false;
+
+  constructor(
+    private readonly engine: GraphEngineHandle,
+    readonly id: string,
+    request: FastifyRequest,
+  ) {
+    request.raw.socket?.once("close", () => this.abort());
+  }
+
+  start(req: GraphRequest): void {
+    try {
+      this.engine.submitGraph(req, (event) => this.push(event));
+    } catch (error) {
+      if (error instanceof RequestRejectedError) throw badRequest(error.message);
+      throw error;
+    }
+  }
+
+  next(): Promise<GraphEvent> {
+    const event = this.events.shift();
+    if (event !== undefined) return Promise.resolve(event);
+    return new Promise((resolve) => (this.waiting = resolve));
+  }
+
+  abort(): void {
+    if (this.ended) return;
+    this.ended = true;
+    this.engine.abort(this.id);
+  }
+
+  private push(event: GraphEvent): void {
+    if (event.kind !== "chunk") this.ended = true;
+    const waiting = this.waiting;
+    if (waiting !== null) {
+      this.waiting = null;
+      waiting(event);
+    } else this.events.push(event);
+  }
+}
+
+function errorOf(event: Extract<GraphEvent, { kind: "error" }>): ApiError {
+  return event.status === 400 ? badRequest(event.message) : serverError(event.message);
+}
+
+/** POST /v1/audio/speech: chunked audio; the first bytes leave with the first decoded window. */
+export async function handleSpeech(options: GraphEndpointsOptions, request: FastifyRequest, reply: FastifyReply): Promise<void> {
+  const unavailable = options.unavailableReason();
+  if (unavailable !== null) throw serviceUnavailable(unavailable);
+  if (!options.outputModalities.includes("audio")) throw badRequest("this model does not produce audio; /v1/audio/speech needs a speech model");
+  const body = parseSpeechRequest(request.body);
+  const id = `speech-${++nextRequestNumber}`;
+  const startedAt = performance.now();
+  const run = new GraphRun(options.engine, id, request);
+  run.start({
+    id,
+    prompt: { text: body.input, inputModalities: ["text"], outputModalities: ["audio"] },
+    modelKwargs: { voice: body.voice },
+    sampling: samplingOf(body.temperature, body.seed),
+    maxTokens: body.maxTokens,
+    priority: 0,
+    arrivalMs: startedAt,
+  });
+  const first = await run.next();
+  // Before any byte: an error is still an HTTP status.
+  if (first.kind === "error") throw errorOf(first);
+  const raw = reply.raw;
+  reply.hijack();
+  raw.writeHead(200, { "content-type": SPEECH_CONTENT_TYPES[body.format], "transfer-encoding": "chunked", "x-request-id": id });
+  // The worker's chunks say their sample rate (the model's get_output_sample_rate).
+  const rate = first.kind === "chunk" && typeof first.metadata.sample_rate === "number" ? first.metadata.sample_rate : DEFAULT_SAMPLE_RATE;
+  if (body.format === "wav") raw.write(wavHeader({ sampleRate: rate, channels: 1, bitsPerSample: 16 }, null));
+  let firstAudio = true;
+  for (let event: GraphEvent = first; ; event = await run.next()) {
+    if (event.kind === "done") break;
+    if (event.kind === "error") {
+      // Mid-stream: raw audio has no room for an error; the connection ends without its last chunk.
+      raw.destroy(new Error(event.message));
+      return;
+    }
+    if (event.modality !== "audio" || event.data.length === 0) continue;
+    if (firstAudio) {
+      firstAudio = false;
+      options.onFirstAudio?.((performance.now() - startedAt) / 1000);
+    }
+    if (raw.destroyed) return;
+    raw.write(event.data);
+  }
+  raw.end();
+}
+
+// ---- POST /generate, multipart (M*'s form) ---------------------------------
+
+interface MultipartForm {
+  text: string | null;
+  files: { name: string; data: Buffer; contentType: string }[];
+  inputModalities: string[] | null;
+  outputModalities: string[] | null;
+  streaming: boolean;
+  modelKwargs: Record<string, unknown>;
+  requestId: string | null;
+}
+
+function jsonField(name: string, value: string): unknown {
+  try {
+    return JSON.parse(value);
+  } catch (error) {
+    throw badRequest(`${name} is not valid JSON: ${(error as Error).message}`, name);
+  }
+}
+
+function listField(name: string, value: string): string[] {
+  // M*'s clients send a JSON list, or one modality, or several separated by commas.
+  const trimmed = value.trim();
+  const parsed: unknown = trimmed.startsWith("[") ? jsonField(name, trimmed) : trimmed.split(",").map((s) => s.trim());
+  if (!Array.isArray(parsed) || !parsed.every((m) => typeof m === "string" && m !== "")) throw badRequest(`${name} must be a list of modality names`, name);
+  return parsed as string[];
+}
+
+const FORM_FIELDS = new Set(["text", "files", "input_modalities", "output_modalities", "streaming", "model_kwargs", "request_id"]);
+
+async function readForm(request: FastifyRequest): Promise<MultipartForm> {
+  const form: MultipartForm = { text: null, files: [], inputModalities: null, outputModalities: null, streaming: false, modelKwargs: {}, requestId: null };
+  for await (const part of request.parts()) {
+    if (!FORM_FIELDS.has(part.fieldname)) throw badRequest(`unknown form field ${JSON.stringify(part.fieldname)} (fields: ${[...FORM_FIELDS].join(", ")})`, part.fieldname);
+    if (part.type === "file") {
+      if (part.fieldname !== "files") throw badRequest(`form field ${part.fieldname} must not be a file`, part.fieldname);
+      form.files.push({ name: part.filename, data: await part.toBuffer(), contentType: part.mimetype });
+      continue;
+    }
+    const value = String(part.value);
+    switch (part.fieldname) {
+      case "text":
+        form.text = value;
+        break;
+      case "input_modalities":
+        form.inputModalities = listField("input_modalities", value);
+        break;
+      case "output_modalities":
+        form.outputModalities = listField("output_modalities", value);
+        break;
+      case "streaming":
+        if (!["true", "false", "1", "0"].includes(value.toLowerCase())) throw badRequest("streaming must be true or false", "streaming");
+        form.streaming = value.toLowerCase() === "true" || value === "1";
+        break;
+      case "model_kwargs": {
+        const kwargs = jsonField("model_kwargs", value);
+        if (typeof kwargs !== "object" || kwargs === null || Array.isArray(kwargs)) throw badRequest("model_kwargs must be a JSON object", "model_kwargs");
+        form.modelKwargs = kwargs as Record<string, unknown>;
+        break;
+      }
+      case "request_id":
+        if (value === "" || value.length > 128) throw badRequest("request_id must be 1 to 128 characters", "request_id");
+        form.requestId = value;
+        break;
+      case "files":
+        throw badRequest("files must be sent as file parts", "files");
+    }
+  }
+  return form;
+}
+
+/** The sampling fields M*'s model_kwargs carry beside the model's own options. */
+function samplingFromKwargs(kwargs: Record<string, unknown>): { sampling: SamplingParams; maxTokens: number | null; modelKwargs: Record<string, unknown> } {
+  const { seed, temperature, max_tokens: maxTokens, ...modelKwargs } = kwargs;
+  if (seed !== undefined && seed !== null && !Number.isSafeInteger(seed)) throw badRequest("model_kwargs.seed must be an integer", "model_kwargs.seed");
+  if (temperature !== undefined && (typeof temperature !== "number" || !(temperature >= 0) || temperature > 100)) {
+    throw badRequest("model_kwargs.temperature must be a number in [0, 100]", "model_kwargs.temperature");
+  }
+  if (maxTokens !== undefined && maxTokens !== null && (!Number.isSafeInteger(maxTokens) || (maxTokens as number) < 1)) {
+    throw badRequest("model_kwargs.max_tokens must be a positive integer", "model_kwargs.max_tokens");
+  }
+  return {
+    sampling: samplingOf((temperature as number | undefined) ?? 1.0, (seed as number | null | undefined) ?? null),
+    maxTokens: (maxTokens as number | null | undefined) ?? null,
+    modelKwargs,
+  };
+}
+
+/** POST /generate with a multipart body (M*'s client form). */
+export async function handleMultipartGenerate(options: GraphEndpointsOptions, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  const unavailable = options.unavailableReason();
+  if (unavailable !== null) throw serviceUnavailable(unavailable);
+  const form = await readForm(request);
+  if (form.files.length > 0) throw badRequest("this model takes no files (input modalities: text)", "files");
+  if (form.text === null) throw badRequest("the form needs a text field", "text");
+  const inputModalities = form.inputModalities ?? ["text"];
+  const outputModalities = form.outputModalities ?? [...options.outputModalities];
+  for (const m of outputModalities) {
+    if (!options.outputModalities.includes(m)) {
+      throw badRequest(`output modality ${JSON.stringify(m)} is not produced by this model (it produces ${options.outputModalities.join(", ")})`, "output_modalities");
+    }
+  }
+  const { sampling, maxTokens, modelKwargs } = samplingFromKwargs(form.modelKwargs);
+  const id = form.requestId ?? `generate-${++nextRequestNumber}`;
+  const startedAt = performance.now();
+  const run = new GraphRun(options.engine, id, request);
+  run.start({
+    id,
+    prompt: { text: form.text, inputModalities, outputModalities },
+    modelKwargs,
+    sampling,
+    maxTokens,
+    priority: 0,
+    arrivalMs: startedAt,
+  });
+  const first = await run.next();
+  if (first.kind === "error") throw errorOf(first);
+
+  if (!form.streaming) {
+    const outputs: Record<string, { data: string; metadata: Readonly<Record<string, unknown>> }[]> = {};
+    for (let event: GraphEvent = first; ; event = await run.next()) {
+      if (event.kind === "done") break;
+      if (event.kind === "error") throw errorOf(event);
+      if (event.modality === "audio" && event.data.length > 0 && !outputs.audio) options.onFirstAudio?.((performance.now() - startedAt) / 1000);
+      (outputs[event.modality] ??= []).push({ data: Buffer.from(event.data).toString("base64"), metadata: event.metadata });
+    }
+    return reply.send({ request_id: id, outputs });
+  }
+
+  const raw = reply.raw;
+  reply.hijack();
+  raw.writeHead(200, { "content-type": "application/x-ndjson", "transfer-encoding": "chunked", "x-request-id": id });
+  let firstAudio = true;
+  for (let event: GraphEvent = first; ; event = await run.next()) {
+    if (event.kind === "done") break;
+    if (raw.destroyed) return;
+    if (event.kind === "error") {
+      raw.write(`${JSON.stringify({ modality: "error", data: event.message, metadata: { request_id: id } })}\n`);
+      break;
+    }
+    if (event.modality === "audio" && firstAudio && event.data.length > 0) {
+      firstAudio = false;
+      options.onFirstAudio?.((performance.now() - startedAt) / 1000);
+    }
+    raw.write(`${JSON.stringify({ modality: event.modality, data: Buffer.from(event.data).toString("base64"), metadata: event.metadata })}\n`);
+  }
+  raw.end();
+  return reply;
+}
