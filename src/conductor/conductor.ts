@@ -15,6 +15,7 @@
 import { chunkStart, nextChunk, type StreamChunk } from "../graph/chunk-policy.js";
 import {
   ROUTE_CLIENT,
+  ROUTE_DROP,
   ROUTE_PERSIST,
   ROUTE_SLOT,
   ROUTE_STREAM,
@@ -70,6 +71,11 @@ export interface KvStart {
 export interface ConductorSink {
   /** In production order per request; requestDone comes after the last one. */
   clientOutput(requestId: string, output: CompiledClientOutput, values: Values, meta: ClientOutputMeta): void;
+  /**
+   * clientOutput of one sampled token, as a decode loop's iteration gives it
+   * (the id itself: no value is built for the hottest path of a plain LLM).
+   */
+  clientToken(requestId: string, output: CompiledClientOutput, tokenId: number, meta: ClientOutputMeta): void;
   requestDone(requestId: string): void;
   requestFailed(requestId: string, message: string): void;
   /** The control plane no longer refers to these tensors of `worker`. */
@@ -118,6 +124,15 @@ export class Conductor {
   private readonly kvOutputScratch: Values[][];
   /** Per loop capture: 1 for accumulated_outputs. */
   private readonly captureAccumulates: Uint8Array;
+  /**
+   * Per walk node: the loop it is the engine-carried body of (an LLM's decode
+   * loop) when its token goes only to the client, to itself through the engine
+   * core, or nowhere, and neither it nor the loop captures anything; else -1.
+   * Such a token is one client output and an iteration count (see kvToken).
+   */
+  private readonly carriedLoopOf: Int32Array;
+  /** Per walk node of carriedLoopOf: the client outputs its token goes to. */
+  private readonly carriedClientOutputs: (readonly CompiledClientOutput[])[];
 
   constructor(
     readonly graph: CompiledGraph,
@@ -142,6 +157,17 @@ export class Conductor {
     this.kvOutputScratch = graph.walkNodes.map((wn) => wn.outputNames.map(() => NO_VALUES));
     this.captureAccumulates = new Uint8Array(graph.captureCount);
     for (const l of graph.loops) for (const c of l.captures) this.captureAccumulates[c.id] = c.accumulate ? 1 : 0;
+    this.carriedLoopOf = new Int32Array(graph.walkNodes.length).fill(-1);
+    this.carriedClientOutputs = graph.walkNodes.map(() => []);
+    for (const loop of graph.loops) {
+      const wn = graph.walkNodes[loop.engineCarriedBody];
+      if (wn === undefined || loop.captures.length > 0 || wn.captures.length > 0) continue;
+      const routes = wn.outputRoutes.flat();
+      const plain = routes.every((r) => r.kind === ROUTE_CLIENT || r.kind === ROUTE_DROP || (r.kind === ROUTE_SLOT && r.engineCarried));
+      if (!plain) continue;
+      this.carriedLoopOf[wn.id] = loop.id;
+      this.carriedClientOutputs[wn.id] = routes.filter((r) => r.kind === ROUTE_CLIENT).map((r) => graph.clientOutputs[r.target]!);
+    }
   }
 
   get activeRequests(): number {
@@ -249,20 +275,40 @@ export class Conductor {
    * outside any loop it ends the partition with its walk. Tokens after a stop are
    * discarded.
    */
-  kvToken(requestId: string, node: CompiledNode, token: Value, finish: string | null): void {
+  kvToken(requestId: string, node: CompiledNode, tokenId: number, finish: string | null): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);
       if (req === undefined || req.kvRunning[node.id] === 0) return;
+      if (finish === null && this.carriedIteration(req, node, tokenId)) return;
       const wn = this.takeKvPass(req, node, finish);
       if (wn === null) return;
       const outputs = this.kvOutputScratch[wn.id]!;
-      const values: Values = [token];
+      const values: Values = [{ kind: "tokens", ids: Int32Array.of(tokenId) }];
       for (let o = 0; o < outputs.length; o++) outputs[o] = values;
       this.completeWalkNode(req, wn, outputs, this.plainMeta[wn.id]!);
     } finally {
       this.exit();
     }
+  }
+
+  /**
+   * A decode-loop token that neither stops nor ends the loop: what the general
+   * path (complete the pass, route, end the iteration, carry the next one)
+   * comes to, done directly: the client outputs, then the next iteration,
+   * whose pass the engine core already runs. False when the general path applies.
+   */
+  private carriedIteration(req: RequestState, node: CompiledNode, tokenId: number): boolean {
+    const wnId = req.kvWalkNode[node.id]!;
+    if (wnId < 0) return false;
+    const loop = this.carriedLoopOf[wnId]!;
+    if (loop < 0 || req.kvInputs[node.id] !== null || this.isLastIteration(req, loop)) return false;
+    const wn = this.graph.walkNodes[wnId]!;
+    if (!this.slotsEmpty(req, wn)) return false;
+    const outputs = this.carriedClientOutputs[wnId]!;
+    for (let i = 0; i < outputs.length; i++) this.sink.clientToken(req.id, outputs[i]!, tokenId, this.plainMeta[wnId]!);
+    req.iter[loop]!++;
+    return true;
   }
 
   /**

@@ -98,6 +98,8 @@ interface LiveRequest {
   admitted: boolean;
   /** Text: tokens for the client since the last output. */
   pending: number[];
+  /** In the engine's list of requests with something to flush. */
+  touched: boolean;
   /** The engine-core output being turned into conductor events, if any. */
   coreOutput: RequestOutput | null;
   ended: boolean;
@@ -127,7 +129,10 @@ export class GraphEngine implements LaneListener {
   private readonly statelessLanes: WorkerLane[];
   private busy = false;
   private readonly deferred: (() => void)[] = [];
-  private readonly touched = new Set<LiveRequest>();
+  /** Requests with client output to flush (each at most once: LiveRequest.touched). */
+  private touched: LiveRequest[] = [];
+  private flushing: LiveRequest[] = [];
+  private inFlush = false;
   private readonly stepSamples: NodeStepSample[] = [];
   private readonly lastStepSeconds = new Map<string, number>();
   private closed = false;
@@ -156,7 +161,7 @@ export class GraphEngine implements LaneListener {
       this.configs[node.id] = config;
       const masks = masksTaken ? null : (options.stepMasks?.(ready) ?? null);
       masksTaken = true;
-      return new EngineCore(lane, config, { masks });
+      return new EngineCore(lane, config, { deliverStepOutputs: (emitAll) => this.deliverCoreStep(emitAll), masks });
     });
     this.primaryCore = this.cores.find((c) => c !== null) ?? null;
     this.nodeTokenCap = graph.nodes.map((node) => {
@@ -172,6 +177,7 @@ export class GraphEngine implements LaneListener {
     this.statelessLanes = [...statelessRanks].map((r) => this.lanes[r]!);
     this.conductor = new Conductor(graph, {
       clientOutput: (id, output, values, meta) => this.onClientOutput(id, output, values, meta),
+      clientToken: (id, output, tokenId) => this.onClientToken(id, output, tokenId),
       requestDone: (id) => this.onRequestEnded(id, null),
       requestFailed: (id, message) => this.onRequestEnded(id, message),
       release: (worker, handles) => this.lanes[worker]?.release(handles),
@@ -312,6 +318,7 @@ export class GraphEngine implements LaneListener {
       modelKwargs,
       admitted: false,
       pending: [],
+      touched: false,
       coreOutput: null,
       ended: false,
       endReason: null,
@@ -372,8 +379,13 @@ export class GraphEngine implements LaneListener {
     const req = this.live.get(requestId);
     if (req === undefined) return;
     if (req.onOutput !== null) {
-      for (const v of values) if (v.kind === "tokens") for (const t of v.ids) req.pending.push(t);
-      this.touched.add(req);
+      for (let i = 0; i < values.length; i++) {
+        const v = values[i]!;
+        if (v.kind !== "tokens") continue;
+        const ids = v.ids;
+        for (let j = 0; j < ids.length; j++) req.pending.push(ids[j]!);
+      }
+      this.touch(req);
       return;
     }
     for (const v of values) {
@@ -382,6 +394,17 @@ export class GraphEngine implements LaneListener {
         req.onEvent!({ kind: "chunk", name: _output.name, modality: _output.modality, data: new Uint8Array(0), metadata: { token_ids: [...v.ids] } });
       }
     }
+  }
+
+  private onClientToken(requestId: string, output: CompiledClientOutput, tokenId: number): void {
+    // Usually the request whose engine-core output is being passed to the conductor.
+    const current = this.currentOutput;
+    const req = current !== null && current.id === requestId ? current : this.live.get(requestId);
+    if (req === undefined) return;
+    if (req.onOutput !== null) {
+      req.pending.push(tokenId);
+      this.touch(req);
+    } else req.onEvent!({ kind: "chunk", name: output.name, modality: output.modality, data: new Uint8Array(0), metadata: { token_ids: [tokenId] } });
   }
 
   private onRequestEnded(requestId: string, error: string | null): void {
@@ -413,7 +436,7 @@ export class GraphEngine implements LaneListener {
         ? base
         : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] } };
     try {
-      core.submit(engineRequest, (out) => this.onCoreOutput(node, out));
+      core.submit(engineRequest, (out) => this.onCoreOutput(node, req, out));
     } catch (error) {
       const message = (error as Error).message;
       if (req.onEvent !== null) req.endStatus = 400;
@@ -430,28 +453,60 @@ export class GraphEngine implements LaneListener {
 
   // ------------------------------------------------------------ engine-core outputs
 
-  private onCoreOutput(node: CompiledNode, out: RequestOutput): void {
-    const req = this.live.get(out.requestId);
-    if (req === undefined || req.kvStopped) {
+  /**
+   * One engine-core step's outputs as one conductor call: every token goes to
+   * the conductor straight from its output callback, then client outputs are
+   * flushed and ready passes handed out once for the whole step.
+   */
+  private deliverCoreStep(emitAll: () => void): void {
+    if (this.busy) {
+      emitAll();
+      return;
+    }
+    this.call(() => {
+      this.inCoreStep = true;
+      try {
+        emitAll();
+      } finally {
+        this.inCoreStep = false;
+      }
+    });
+  }
+
+  /** Inside deliverCoreStep: the conductor is not running, its sink's follow-ups are deferred to the call's end. */
+  private inCoreStep = false;
+  /** The request whose engine-core output onCoreOutput is handling. */
+  private currentOutput: LiveRequest | null = null;
+
+  private onCoreOutput(node: CompiledNode, req: LiveRequest, out: RequestOutput): void {
+    if (req.ended || req.kvStopped) {
       if (out.finished) this.onQuietChange();
       return;
     }
     const n = out.newTokenIds.length;
+    // Kept until the client output is flushed: its logprobs, finish and timing go with the tokens.
     req.coreOutput = out;
     if (n > 0) {
-      this.call(() => {
-        for (let i = 0; i < n; i++) {
-          const finish = i === n - 1 && out.finished ? out.finishReason : null;
-          this.conductor.kvToken(out.requestId, node, { kind: "tokens", ids: Int32Array.of(out.newTokenIds[i]!) }, finish);
-        }
-      });
+      this.currentOutput = req;
+      if (this.inCoreStep) this.kvTokens(node, out);
+      else this.call(() => this.kvTokens(node, out));
+      this.currentOutput = null;
     } else if (out.finished) {
       // Ended without a token: the worker failed, or the engine aborted it (closing).
       if (out.finishReason === "abort") this.end(req, "abort", out.error);
       else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
     }
-    req.coreOutput = null;
+    // Text requests keep it until their client output is flushed; graph requests' events do not use it.
+    if (!this.busy || req.onOutput === null) req.coreOutput = null;
     this.flushTouched();
+  }
+
+  private kvTokens(node: CompiledNode, out: RequestOutput): void {
+    const n = out.newTokenIds.length;
+    for (let i = 0; i < n; i++) {
+      const finish = i === n - 1 && out.finished ? out.finishReason : null;
+      this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
+    }
   }
 
   // ------------------------------------------------------------ worker results
@@ -527,7 +582,7 @@ export class GraphEngine implements LaneListener {
     req.endError = error;
     this.forget(req);
     if (req.onOutput !== null) {
-      this.touched.add(req);
+      this.touch(req);
       if (!this.busy) this.flushTouched();
       return;
     }
@@ -542,14 +597,45 @@ export class GraphEngine implements LaneListener {
     for (const lane of this.statelessLanes) lane.requestEnded(req.id);
   }
 
+  private touch(req: LiveRequest): void {
+    if (req.touched) return;
+    req.touched = true;
+    this.touched.push(req);
+  }
+
   private flushTouched(): void {
-    if (this.busy || this.touched.size === 0) return;
-    for (const req of this.touched) {
-      this.touched.delete(req);
-      const tokens = req.pending;
-      if (tokens.length === 0 && !req.ended) continue;
-      req.pending = [];
+    if (this.busy || this.inFlush || this.touched.length === 0) return;
+    this.inFlush = true;
+    try {
+      // Swapped, not copied: a client callback may touch requests again (they go to the next round).
+      while (this.touched.length > 0) {
+        const list = this.touched;
+        this.touched = this.flushing;
+        this.flushing = list;
+        this.flushList(list);
+        list.length = 0;
+      }
+    } finally {
+      this.inFlush = false;
+    }
+  }
+
+  private flushList(list: readonly LiveRequest[]): void {
+    for (let r = 0; r < list.length; r++) {
+      const req = list[r]!;
+      req.touched = false;
       const core = req.coreOutput;
+      req.coreOutput = null;
+      const pending = req.pending;
+      if (pending.length === 0 && !req.ended) continue;
+      if (core !== null && sameOutput(core, pending, req)) {
+        // The conductor passed the engine core's tokens straight to the client (a plain LLM): its output is the client's.
+        pending.length = 0;
+        callSafely(req.onOutput!, core);
+        continue;
+      }
+      const tokens = pending.slice();
+      pending.length = 0;
       const output: RequestOutput = {
         requestId: req.id,
         newTokenIds: tokens,
@@ -609,6 +695,14 @@ function fromNamedValues(named: readonly NamedValues[], rank: number): Map<strin
     );
   }
   return map;
+}
+
+/** Whether the engine core's output says exactly what the client is owed: the same tokens and the same ending. */
+function sameOutput(core: RequestOutput, tokens: readonly number[], req: LiveRequest): boolean {
+  const ids = core.newTokenIds;
+  if (ids.length !== tokens.length || core.finished !== req.ended) return false;
+  for (let i = 0; i < ids.length; i++) if (ids[i] !== tokens[i]) return false;
+  return !req.ended || (core.finishReason === req.endReason && core.error === req.endError);
 }
 
 function callSafely<T>(fn: (arg: T) => void, arg: T): void {

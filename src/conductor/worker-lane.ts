@@ -166,7 +166,7 @@ export class WorkerLane implements StepExecutor {
    * engine-core step will carry the work), send a step of the lane's own.
    */
   private kick(): void {
-    if (this.kickScheduled) return;
+    if (this.kickScheduled || !this.hasWork()) return;
     this.kickScheduled = true;
     setImmediate(() => {
       this.kickScheduled = false;

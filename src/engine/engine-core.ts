@@ -96,6 +96,22 @@ export interface EngineStats {
   numCallbackErrors: number;
 }
 
+export interface EngineCoreOptions {
+  /**
+   * How the outputs of one step reach their callbacks: emitAll invokes every
+   * output callback of the step, synchronously. Default: at once. The graph
+   * engine runs them as one conductor call, so a step costs it one flush of
+   * client outputs and one look for ready work, not one per request.
+   */
+  deliverStepOutputs?: (emitAll: () => void) => void;
+  /** Grammar masks for structured output (structured/step-masks.ts); absent or null: requests with a grammar are refused. */
+  masks?: StepMasks | null;
+}
+
+function runNow(emitAll: () => void): void {
+  emitAll();
+}
+
 /** A step sent to the worker whose result has not been processed yet. */
 interface InFlightStep {
   out: SchedulerOutput;
@@ -143,12 +159,14 @@ export class EngineCore {
   /** Requests to end with "error" once the step in flight is processed (their grammar mask failed). */
   private pendingFailures = new Map<string, string>();
   private closed = false;
+  private readonly deliverStepOutputs: (emitAll: () => void) => void;
   /** Grammar masks for structured output; null: requests with a grammar are refused. */
   private readonly masks: StepMasks | null;
 
-  constructor(executor: StepExecutor, config: EngineConfig, options: { masks?: StepMasks | null } = {}) {
+  constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions = {}) {
     this.masks = options.masks ?? null;
     this.config = config;
+    this.deliverStepOutputs = options.deliverStepOutputs ?? runNow;
     this.executor = executor;
     this.blockManager = new BlockManager(config.numBlocks, config.blockSize, config.enablePrefixCaching ?? true);
     this.scheduler = new Scheduler(config, this.blockManager);
@@ -305,7 +323,7 @@ export class EngineCore {
     const t3 = performance.now();
     this.scheduler.updateAfterStep(step.out);
     this.applyPendingAborts();
-    this.processResult(step.out, step.message, result);
+    this.deliverStepOutputs(() => this.processResult(step.out, step.message, result));
     // The next step's constrained rows can have their masks now (the worker is running its forward pass).
     const next = this.inFlight[0];
     if (next?.masks && !next.masks.started) this.runMasks(next.masks);

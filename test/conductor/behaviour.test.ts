@@ -326,7 +326,7 @@ describe("conductor: what 'works' means (GRAPH.md)", () => {
     llm.run();
     assert.deepEqual(llm.kvStops, ["r/llm"], "the engine core is told to stop");
     const clientBefore = llm.client.length;
-    llm.conductor.kvToken("r", llm.graph.nodeByName.get("llm")!, Executor.tokens(99), null);
+    llm.conductor.kvToken("r", llm.graph.nodeByName.get("llm")!, 99, null);
     assert.equal(llm.client.length, clientBefore, "nothing emitted after the stop");
     assert.deepEqual(llm.conductor.takeReady(), []);
   });

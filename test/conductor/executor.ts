@@ -129,6 +129,10 @@ export class Executor implements ConductorSink {
     this.log.push(`client ${requestId} ${output.name}=${this.labelsOf(values).join("+")}`);
   }
 
+  clientToken(requestId: string, output: CompiledClientOutput, tokenId: number, meta: ClientOutputMeta): void {
+    this.clientOutput(requestId, output, [Executor.tokens(tokenId)], meta);
+  }
+
   requestDone(requestId: string): void {
     this.done.push(requestId);
     this.log.push(`done ${requestId}`);
@@ -226,7 +230,7 @@ export class Executor implements ConductorSink {
       assert.ok(script !== undefined, `no token script for ${req.node.name}`);
       const { token, finish } = script(req.requestId, req.produced++);
       if (finish !== null) this.engine.delete(key);
-      this.conductor.kvToken(req.requestId, req.node, Executor.tokens(token), finish);
+      this.conductor.kvToken(req.requestId, req.node, token, finish);
       ran = true;
     }
     return ran;
