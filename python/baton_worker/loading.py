@@ -210,7 +210,13 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
     architecture = _config_architecture(model_dir) if model_dir.is_dir() else None
     graph_class = graph_model_class(architecture)
 
+    model_kwargs = opts.model_kwargs or {}
     if graph_class is None:
+        if model_kwargs:
+            raise ValueError(
+                f"model_kwargs ({', '.join(sorted(model_kwargs))}) are a graph model's constructor arguments; "
+                f"{architecture or 'this directory'} is a plain LLM, which takes none"
+            )
         hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)" if architecture else "a plain LLM")
         decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights)
         model: GraphModel = LLMGraphModel(decoder.max_model_len)
@@ -219,7 +225,11 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
         kv_node: str | None = LLM_NODE
         architecture = decoder.config.architecture
     else:
-        model = graph_class(model_dir)
+        try:
+            model = graph_class(model_dir, **model_kwargs)
+        except TypeError as e:
+            # An argument the constructor does not take: say which, as the deployment names it.
+            raise ValueError(f"model_kwargs for {architecture}: {e}") from None
         engines = {name: EngineType(kind) for name, kind in model.get_node_engine_types().items()}
         hosted = hosted_nodes(opts.nodes, engines, architecture)
         graph = export_graph(model)  # before any weights: a declaration error fails fast

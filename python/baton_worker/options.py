@@ -22,6 +22,7 @@ OptionsError, which the server reports as a Fatal message and exit code 1.
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -49,6 +50,8 @@ class WorkerOptions:
     progress: bool = False
     nodes: list[str] | None = None  # None: every node of the model
     rank: int = 0
+    # The deployment's model_kwargs: keyword arguments of a graph model's constructor.
+    model_kwargs: dict | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true")
     p.add_argument("--nodes", help="comma-separated graph nodes this worker hosts (default: all)")
     p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--model-kwargs", help="JSON object: keyword arguments of the graph model's constructor")
     return p
 
 
@@ -96,7 +100,19 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
     if args.nodes is not None:
         args.nodes = _node_list(args.nodes)
+    if args.model_kwargs is not None:
+        args.model_kwargs = _model_kwargs(args.model_kwargs)
     return WorkerOptions(**vars(args))
+
+
+def _model_kwargs(value: str) -> dict:
+    try:
+        kwargs = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise OptionsError(f"--model-kwargs is not JSON: {e}") from None
+    if not isinstance(kwargs, dict):
+        raise OptionsError(f"--model-kwargs must be a JSON object, got {type(kwargs).__name__}")
+    return kwargs
 
 
 def _node_list(value: str) -> list[str]:

@@ -86,6 +86,8 @@ export interface GraphEngineOptions {
    * vocabulary; called once. Absent or null: requests with a grammar are refused.
    */
   stepMasks?: (ready: ReadyMessage) => StepMasks | null;
+  /** Requests running at once (M*'s max_concurrent_requests); later ones wait in arrival order. Default: no limit. */
+  maxConcurrentRequests?: number | null;
 }
 
 interface LiveRequest {
@@ -100,6 +102,17 @@ interface LiveRequest {
   pending: number[];
   /** In the engine's list of requests with something to flush. */
   touched: boolean;
+  /**
+   * Text requests in a plain decode loop: tokens of this node the conductor
+   * lets the engine pass straight to the client (kvToken's answer), and how
+   * many were passed since it last saw one.
+   */
+  carryNode: CompiledNode | null;
+  carryLeft: number;
+  carried: number;
+  /** Counted against maxConcurrentRequests; a waiting request has its start here instead. */
+  running: boolean;
+  begin: (() => void) | null;
   /** The engine-core output being turned into conductor events, if any. */
   coreOutput: RequestOutput | null;
   ended: boolean;
@@ -137,10 +150,15 @@ export class GraphEngine implements LaneListener {
   private readonly lastStepSeconds = new Map<string, number>();
   private closed = false;
   private readonly onQuietChange: () => void;
+  private readonly maxConcurrent: number;
+  private numRunning = 0;
+  /** Requests over maxConcurrentRequests, in arrival order. */
+  private readonly waiting: LiveRequest[] = [];
 
   constructor(options: GraphEngineOptions) {
     const graph = options.graph;
     this.onQuietChange = options.onQuietChange ?? (() => {});
+    this.maxConcurrent = options.maxConcurrentRequests ?? Infinity;
     this.graph = graph;
     this.lanes = options.workers.map((w, rank) => new WorkerLane(rank, w, this, options.wrapExecutor?.(rank, w) ?? w));
     this.rankOfWalkNode = graph.walkNodes.map((wn) => {
@@ -192,7 +210,9 @@ export class GraphEngine implements LaneListener {
   }
 
   get stats(): EngineStats {
-    return this.primaryCore?.stats ?? EMPTY_STATS;
+    const stats = this.primaryCore?.stats ?? EMPTY_STATS;
+    // Requests held back by maxConcurrentRequests wait too.
+    return this.waiting.length === 0 ? stats : { ...stats, numWaiting: stats.numWaiting + this.waiting.length };
   }
 
   get timings(): StepTimingRing | null {
@@ -220,9 +240,7 @@ export class GraphEngine implements LaneListener {
 
   /** Tensors the control plane refers to, for leak checks. */
   heldTensors(): number {
-    let n = 0;
-    for (const id of this.live.keys()) n += this.conductor.heldTensors(id).length;
-    return n;
+    return this.conductor.numHeldTensors;
   }
 
   // ------------------------------------------------------------ submitting
@@ -243,9 +261,11 @@ export class GraphEngine implements LaneListener {
       throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     }
     const live = this.track(req.id, onOutput, null, req, {});
-    live.admitted = true;
     const prompt = new Map([[this.graph.promptNames[0]!, [{ kind: "tokens", ids: Int32Array.from(req.promptIds) } as Value]]]);
-    this.call(() => this.conductor.admit(req.id, prompt));
+    this.start(live, () => {
+      live.admitted = true;
+      this.call(() => this.conductor.admit(req.id, prompt));
+    });
   }
 
   /** A request for the graph's own outputs; events come through onEvent, the last one "done" or "error". */
@@ -259,21 +279,48 @@ export class GraphEngine implements LaneListener {
     const engineRequest: EngineRequest = { id: req.id, promptIds: [], sampling: req.sampling, stop, priority: req.priority, arrivalMs: req.arrivalMs };
     const live = this.track(req.id, null, onEvent, engineRequest, req.modelKwargs);
     const inactive = req.inactivePartitions ?? [];
-    if (req.values !== undefined) {
-      live.admitted = true;
-      const values = req.values;
-      this.call(() => this.conductor.admit(req.id, values, { inactivePartitions: inactive }));
+    const values = req.values;
+    if (values !== undefined) {
+      this.start(live, () => {
+        live.admitted = true;
+        this.call(() => this.conductor.admit(req.id, values, { inactivePartitions: inactive }));
+      });
       return;
     }
     const prompt = req.prompt!;
-    this.admitAfterPrompt.set(req.id, inactive);
-    this.lanes[0]!.addPrompt({
-      request_id: req.id,
-      prompt: prompt.text,
-      input_modalities: prompt.inputModalities,
-      output_modalities: prompt.outputModalities,
-      kwargs: req.modelKwargs,
+    this.start(live, () => {
+      this.admitAfterPrompt.set(req.id, inactive);
+      this.lanes[0]!.addPrompt({
+        request_id: req.id,
+        prompt: prompt.text,
+        input_modalities: prompt.inputModalities,
+        output_modalities: prompt.outputModalities,
+        kwargs: req.modelKwargs,
+      });
     });
+  }
+
+  /** Runs the request's start now, or once fewer than maxConcurrentRequests run. */
+  private start(live: LiveRequest, begin: () => void): void {
+    if (this.numRunning >= this.maxConcurrent) {
+      live.begin = begin;
+      this.waiting.push(live);
+      return;
+    }
+    this.numRunning++;
+    live.running = true;
+    begin();
+  }
+
+  private startWaiting(): void {
+    while (this.numRunning < this.maxConcurrent && this.waiting.length > 0) {
+      const live = this.waiting.shift()!;
+      const begin = live.begin!;
+      live.begin = null;
+      this.numRunning++;
+      live.running = true;
+      begin();
+    }
   }
 
   private readonly admitAfterPrompt = new Map<string, string[]>();
@@ -319,6 +366,11 @@ export class GraphEngine implements LaneListener {
       admitted: false,
       pending: [],
       touched: false,
+      carryNode: null,
+      carryLeft: 0,
+      carried: 0,
+      running: false,
+      begin: null,
       coreOutput: null,
       ended: false,
       endReason: null,
@@ -484,12 +536,19 @@ export class GraphEngine implements LaneListener {
       return;
     }
     const n = out.newTokenIds.length;
+    if (req.carryLeft > 0 && req.carryNode === node && n === 1 && !out.finished && req.pending.length === 0) {
+      // One more iteration of a decode loop the conductor handed over: the output is the client's as it is.
+      req.carryLeft--;
+      req.carried++;
+      callSafely(req.onOutput!, out);
+      return;
+    }
     // Kept until the client output is flushed: its logprobs, finish and timing go with the tokens.
     req.coreOutput = out;
     if (n > 0) {
       this.currentOutput = req;
-      if (this.inCoreStep) this.kvTokens(node, out);
-      else this.call(() => this.kvTokens(node, out));
+      if (this.inCoreStep) this.kvTokens(req, node, out);
+      else this.call(() => this.kvTokens(req, node, out));
       this.currentOutput = null;
     } else if (out.finished) {
       // Ended without a token: the worker failed, or the engine aborted it (closing).
@@ -501,11 +560,21 @@ export class GraphEngine implements LaneListener {
     this.flushTouched();
   }
 
-  private kvTokens(node: CompiledNode, out: RequestOutput): void {
+  private kvTokens(req: LiveRequest, node: CompiledNode, out: RequestOutput): void {
+    if (req.carried > 0) {
+      this.conductor.kvTokensCarried(req.id, node, req.carried);
+      req.carried = 0;
+    }
+    req.carryLeft = 0;
     const n = out.newTokenIds.length;
+    let carry = 0;
     for (let i = 0; i < n; i++) {
       const finish = i === n - 1 && out.finished ? out.finishReason : null;
-      this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
+      carry = this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
+    }
+    if (req.onOutput !== null && carry > 0) {
+      req.carryNode = node;
+      req.carryLeft = carry;
     }
   }
 
@@ -593,6 +662,14 @@ export class GraphEngine implements LaneListener {
   /** Drops the request from the engine's tables and tells stateless workers it ended. */
   private forget(req: LiveRequest): void {
     if (!this.live.delete(req.id)) return;
+    if (req.running) {
+      req.running = false;
+      this.numRunning--;
+      this.startWaiting();
+    } else if (req.begin !== null) {
+      req.begin = null;
+      this.waiting.splice(this.waiting.indexOf(req), 1);
+    }
     this.admitAfterPrompt.delete(req.id);
     for (const lane of this.statelessLanes) lane.requestEnded(req.id);
   }

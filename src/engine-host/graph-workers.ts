@@ -42,6 +42,7 @@ function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: n
     rank,
     numBlocks: base.numBlocks ?? deployment.kvCache.maxNumPages ?? undefined,
     maxModelLen: base.maxModelLen ?? deployment.maxSeqLen ?? undefined,
+    modelKwargs: deployment.modelKwargs,
     // One progress bar: rank 0's.
     onLoadProgress: rank === 0 ? base.onLoadProgress : undefined,
   };

@@ -44,6 +44,7 @@ export class InProcessEngine implements ServingEngine {
         graph: started.graph,
         workers: started.workers,
         rankOf: started.rankOf,
+      maxConcurrentRequests: options.deployment?.maxConcurrentRequests ?? null,
         engine: options.engine,
         wrapExecutor: wrap === undefined ? undefined : (_rank, client) => wrap(client),
         stepMasks: (ready) => stepMasks(grammar === null ? null : { port: grammar.connectPort(), vocabSize: grammar.vocabSize }, ready.vocab_size),

@@ -144,6 +144,7 @@ async function start(): Promise<void> {
       graph: started.graph,
       workers: started.workers,
       rankOf: started.rankOf,
+      maxConcurrentRequests: init.deployment?.maxConcurrentRequests ?? null,
       engine: init.engine,
       onQuietChange: () => outbox?.schedule(),
       wrapExecutor: recorder === null ? undefined : (rank, client) => (rank === 0 ? recorder : client),

@@ -4,7 +4,7 @@
 import type { Deployment } from "../config/deployment.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig } from "../engine/engine-core.js";
-import type { EngineHandle } from "../frontend/generation.js";
+import type { EngineHandle } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { EngineStatsSource } from "../observability/metrics.js";
 import type { GrammarService } from "../structured/grammar-service.js";

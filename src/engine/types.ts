@@ -89,6 +89,17 @@ export interface RequestOutput {
 
 export type OutputCallback = (output: RequestOutput) => void;
 
+/** What the frontend holds of an engine (in this thread or its own): submit and abort, by request id. */
+export interface EngineHandle {
+  submit(req: EngineRequest, onOutput: OutputCallback): void;
+  /**
+   * Frees the request's resources; its last output says "abort". `reason`
+   * "stop" tells observers the frontend ended it on a stop string (a normal
+   * finish, counted as vLLM counts it), not that the client left.
+   */
+  abort(requestId: string, reason?: "stop"): void;
+}
+
 /** What the engine core needs from a model worker: one step at a time, in order. */
 export interface StepExecutor {
   readonly ready: ReadyMessage;

@@ -6,7 +6,8 @@ import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import type { GrammarCompiling } from "./structured-output.js";
-import type { EngineHandle, GenerationRegistry } from "./generation.js";
+import type { EngineHandle } from "../engine/types.js";
+import type { GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
 

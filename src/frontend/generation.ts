@@ -4,22 +4,11 @@
 // is reached only through submit/abort and the output callback.
 
 import { RequestRejectedError } from "../engine/engine-core.js";
-import type { EngineRequest, OutputCallback, PromptTokenLogprob, RequestOutput, TokenLogprob } from "../engine/types.js";
+import type { EngineHandle, EngineRequest, OutputCallback, PromptTokenLogprob, RequestOutput, TokenLogprob } from "../engine/types.js";
 import type { DetokenizerSession } from "../text/detokenizer.js";
 import type { StopStringMatcher } from "../text/stop-strings.js";
 import type { TokenText, TokenTextSession, TokenVocabulary } from "../text/token-text.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
-
-/** The part of EngineCore the frontend uses. */
-export interface EngineHandle {
-  submit(req: EngineRequest, onOutput: OutputCallback): void;
-  /**
-   * Frees the request's resources; its last output says "abort". `reason`
-   * "stop" tells observers the frontend ended it on a stop string (a normal
-   * finish, counted as vLLM counts it), not that the client left.
-   */
-  abort(requestId: string, reason?: "stop"): void;
-}
 
 export type OpenAIFinishReason = "stop" | "length";
 

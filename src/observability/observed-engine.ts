@@ -10,7 +10,7 @@
 
 import { performance } from "node:perf_hooks";
 import type { EngineRequest, FinishReason, OutputCallback, RequestTiming } from "../engine/types.js";
-import type { EngineHandle } from "../frontend/generation.js";
+import type { EngineHandle } from "../engine/types.js";
 import type { Logger } from "./logger.js";
 import type { RequestRecorder, RequestTrace } from "./metrics.js";
 

@@ -37,6 +37,8 @@ export interface WorkerOptions {
   nodes?: string[];
   /** The worker's rank in the deployment (default 0): the owner named in its tensors' descriptors. */
   rank?: number;
+  /** A graph model's constructor arguments (a deployment's model_kwargs). */
+  modelKwargs?: Record<string, unknown>;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
 }

@@ -6,6 +6,7 @@
 //
 //   npx tsc -p tsconfig.json && node dist/test/conductor/graph-engine-bench.js [requests] [tokensPerRequest] [rounds]
 
+import { randomUUID } from "node:crypto";
 import { EngineCore, type EngineConfig } from "../../src/engine/engine-core.js";
 import type { EngineRequest, RequestOutput, StepExecutor } from "../../src/engine/types.js";
 import { GraphEngine } from "../../src/conductor/graph-engine.js";
@@ -95,7 +96,7 @@ function config(ready: ReadyMessage): EngineConfig {
 
 function engineRequest(i: number): EngineRequest {
   return {
-    id: `r${i}`,
+    id: `cmpl-${randomUUID()}-0`,
     promptIds: Array.from({ length: 8 }, (_, j) => (i * 8 + j) % VOCAB),
     sampling: greedy(),
     stop: { maxTokens: tokensPerRequest, eosTokenIds: [], stopTokenIds: [], ignoreEos: true, minTokens: 0 },

@@ -63,10 +63,14 @@ class CodecNode(torch.nn.Module):
 
 
 class BatonDemoTTS(GraphModel):
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, default_voice: str | None = None):
+        """default_voice (a deployment's model_kwargs): the voice of requests that name none."""
         super().__init__()
         self.model_dir = Path(model_dir)
         self.spec = DemoTTSSpec.from_dir(self.model_dir)
+        if default_voice is not None and str(default_voice).lower() not in self.spec.tokens.voices:
+            raise ValueError(f"default_voice {default_voice!r} is not a voice of this model; valid voices: {', '.join(self.spec.tokens.voices)}")
+        self.default_voice = default_voice
 
     def get_node_engine_types(self) -> dict[str, EngineType]:
         return {LLM: EngineType.KV_CACHE, CODEC: EngineType.STATELESS}
@@ -125,7 +129,8 @@ class BatonDemoTTS(GraphModel):
 
     def process_prompt(self, prompt, input_modalities, output_modalities, tensors=None, **kwargs):
         """text_inputs = [bos, voice, UTF-8 bytes of the prompt..., start_of_speech]; kwargs["voice"] picks the voice."""
-        return prompt_tensors(prompt or "", kwargs.get("voice"), self.spec.tokens)
+        voice = kwargs.get("voice")
+        return prompt_tensors(prompt or "", self.default_voice if voice is None else voice, self.spec.tokens)
 
     def postprocess(self, output: torch.Tensor, modality: str, request_kwargs: dict | None = None) -> bytes:
         if modality != "audio":
