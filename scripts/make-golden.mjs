@@ -302,7 +302,7 @@ const vectors = {
       new_block_counts: [],
       new_block_ids: [],
       sample: [],
-      prompts: [{ request_id: "speech-2", prompt: "Hello there.", input_modalities: ["text"], output_modalities: ["audio"], kwargs: { voice: "nova" } }],
+      prompts: [{ request_id: "speech-2", prompt: "Hello there.", input_modalities: ["text"], output_modalities: ["audio"], kwargs: { voice: "nova" }, publish: ["hidden"] }],
       batches: [
         {
           batch_id: 9,
@@ -312,18 +312,19 @@ const vectors = {
             {
               pass_id: 41,
               request_id: "speech-1",
-              inputs: [{ name: "new_token", values: [{ form: "tokens", handle: 0, worker: 0, ids: [300, 301, 302, 303], dtype: "", shape: [] }] }],
+              inputs: [{ name: "new_token", values: [{ form: "tokens", handle: 0, worker: 0, ids: [300, 301, 302, 303], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }],
               chunks: [{ name: "new_token", index: 3, start: 12, context_count: 12, final: false }],
               request_kwargs: { voice: "nova" },
             },
             {
               pass_id: 42,
               request_id: "speech-3",
-              inputs: [{ name: "new_token", values: [{ form: "tensor", handle: 17, worker: 1, ids: [], dtype: "float32", shape: [1, 480] }, { form: "empty", handle: 0, worker: 0, ids: [], dtype: "", shape: [] }] }],
+              inputs: [{ name: "new_token", values: [{ form: "tensor", handle: 17, worker: 1, ids: [], dtype: "float32", shape: [1, 480], segment: "baton-4242-arena", offset: 1920, nbytes: 1920 }, { form: "empty", handle: 0, worker: 0, ids: [], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }],
               chunks: [],
               request_kwargs: {},
             },
           ],
+          publish: ["audio_chunk"],
         },
       ],
       releases: [5, 6],
@@ -424,7 +425,7 @@ const vectors = {
       top_ids: null,
       top_logprobs: null,
       timings: { prepare_ms: 0, forward_ms: 0, sample_ms: 0 },
-      prompt_results: [{ request_id: "speech-2", error: null, values: [{ name: "text_inputs", values: [{ form: "tokens", handle: 0, worker: 0, ids: [256, 261, 72, 105, 257], dtype: "", shape: [] }] }] }],
+      prompt_results: [{ request_id: "speech-2", error: null, values: [{ name: "text_inputs", values: [{ form: "tokens", handle: 0, worker: 0, ids: [256, 261, 72, 105, 257], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }] }],
       pass_results: [
         { pass_id: 41, error: null, outputs: [], client_chunks: [{ name: "audio_chunk", modality: "audio", data: [0, 1, 255, 127], metadata: { output: "audio_chunk", sample_rate: 24000 } }], stops: [] },
         { pass_id: 42, error: "node 'codec': forward: RuntimeError: shape mismatch", outputs: [], client_chunks: [], stops: [] },

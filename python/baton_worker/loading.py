@@ -48,6 +48,7 @@ from .options import WorkerOptions
 from .protocol import PROTOCOL_VERSION, Ready
 from .sampler import Sampler
 from .step_runner import StepRunner
+from .transfer.shm import ShmArena
 
 CPU_KV_BYTES = 1 << 30
 GPU_KV_FRACTION = 0.9
@@ -241,7 +242,8 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
 
     stateless = [n for n in hosted if n != kv_node]
     nodes = NodeRunner(model, device, stateless, TensorStore())
-    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node, opts.rank)
+    arena = ShmArena(opts.shm_bytes) if opts.shm_bytes > 0 else None
+    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node, opts.rank, arena)
     if decoder is not None:
         sizes = (decoder.num_blocks, decoder.max_model_len, decoder.config.vocab_size, decoder.dtype)
     else:

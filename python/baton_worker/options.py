@@ -4,7 +4,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     --block-size N [--num-blocks N] [--kv-cache-memory-bytes B]
     [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
-    [--progress] [--nodes NAME[,NAME...]] [--rank N]
+    [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -13,7 +13,9 @@ progress bar.
 --nodes names the graph nodes this worker hosts (default: every node of the
 model; loading refuses a name the model does not have). --rank is the
 worker's rank in the deployment (default 0): it goes into the `worker` field
-of every tensor descriptor this worker produces.
+of every tensor descriptor this worker produces. --shm-bytes sizes the
+shared-memory arena through which tensors go to workers of other ranks
+(transfer/shm.py; 0, the default, creates none: a colocated worker needs none).
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -52,6 +54,7 @@ class WorkerOptions:
     rank: int = 0
     # The deployment's model_kwargs: keyword arguments of a graph model's constructor.
     model_kwargs: dict | None = None
+    shm_bytes: int = 0  # 0: no shared-memory arena
 
 
 class _Parser(argparse.ArgumentParser):
@@ -77,6 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", help="comma-separated graph nodes this worker hosts (default: all)")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--model-kwargs", help="JSON object: keyword arguments of the graph model's constructor")
+    p.add_argument("--shm-bytes", type=int, default=0)
     return p
 
 
@@ -98,6 +102,8 @@ def parse_options(argv: list[str]) -> WorkerOptions:
             raise OptionsError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.rank < 0:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
+    if args.shm_bytes < 0:
+        raise OptionsError(f"--shm-bytes must be >= 0, got {args.shm_bytes}")
     if args.nodes is not None:
         args.nodes = _node_list(args.nodes)
     if args.model_kwargs is not None:

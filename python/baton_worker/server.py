@@ -147,3 +147,5 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:
         traceback.print_exc()
         return fail(channel, one_line(error))
+    finally:
+        loaded.graph_runner.close()  # unlinks the shared-memory arena

@@ -65,6 +65,9 @@ class WireValue:
     ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     dtype: str = ""
     shape: list[int] = dataclasses.field(default_factory=lambda: [])
+    segment: str = ""
+    offset: int = 0
+    nbytes: int = 0
 
 
 @dataclass
@@ -97,6 +100,7 @@ class PassBatch:
     node: str
     walk: str
     passes: list[NodePass]
+    publish: list[str] = dataclasses.field(default_factory=lambda: [])
 
 
 @dataclass
@@ -106,6 +110,7 @@ class PromptRequest:
     input_modalities: list[str]
     output_modalities: list[str]
     kwargs: Any
+    publish: list[str] = dataclasses.field(default_factory=lambda: [])
 
 
 @dataclass
@@ -149,6 +154,8 @@ class Step:
     Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
 
     WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
+
+    Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
 
     mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made)."""
 
@@ -285,6 +292,9 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("ids", "i32[]", False, None),
         ("dtype", "str", False, None),
         ("shape", "int[]", False, None),
+        ("segment", "str", False, None),
+        ("offset", "int", False, None),
+        ("nbytes", "int", False, None),
     ),
     "NamedValues": (
         ("name", "str", False, None),
@@ -309,6 +319,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("node", "str", False, None),
         ("walk", "str", False, None),
         ("passes", "struct[]", False, "NodePass"),
+        ("publish", "str[]", False, None),
     ),
     "PromptRequest": (
         ("request_id", "str", False, None),
@@ -316,6 +327,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("input_modalities", "str[]", False, None),
         ("output_modalities", "str[]", False, None),
         ("kwargs", "any", False, None),
+        ("publish", "str[]", False, None),
     ),
     "PromptResult": (
         ("request_id", "str", False, None),

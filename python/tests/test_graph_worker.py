@@ -320,8 +320,8 @@ def test_a_bad_pass_fails_alone_and_a_batch_the_worker_cannot_run_fails_whole(mo
     assert errors[1] is None and pcm_of(by_id[1]) == expected
     assert errors[6] is None and pcm_of(by_id[6]) == expected  # a tensor input held here
     assert errors[2] == (
-        "node 'codec': inputs: input 'new_token': tensor handle 17 lives on worker 1; "
-        "worker 0 cannot fetch tensors from other workers yet"
+        "node 'codec': inputs: input 'new_token': tensor handle 17 lives on worker 1, "
+        "which did not publish it to shared memory"
     )
     assert errors[3] == "node 'codec': inputs: input 'new_token': tensor handle 999 is not held by worker 0"
     assert errors[4].startswith("node 'codec': prepare_inputs: KeyError: 'new_token'")

@@ -56,6 +56,8 @@ export interface ServeOptions {
   enableAutoToolChoice: boolean;
   /** --deployment FILE.yaml (M*'s format): which worker rank runs which graph nodes. */
   deployment: string | null;
+  /** --shm-bytes N: each worker's shared-memory arena in a split deployment (default: a share of /dev/shm). */
+  shmBytes: number | undefined;
 }
 
 export const SERVE_DEFAULTS = {
@@ -75,6 +77,7 @@ export const SERVE_DEFAULTS = {
 const SERVE_FLAGS = {
   host: { type: "string" },
   deployment: { type: "string" },
+  "shm-bytes": { type: "string" },
   port: { type: "string" },
   "served-model-name": { type: "string" },
   "max-model-len": { type: "string" },
@@ -230,6 +233,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       toolCallParser,
       enableAutoToolChoice: values["enable-auto-tool-choice"] === true,
       deployment: values.deployment ?? null,
+      shmBytes: intFlag(values["shm-bytes"], "shm-bytes", 1, undefined),
     },
   };
 }
@@ -280,6 +284,10 @@ Options (vLLM's names; --flag value or --flag=value):
   --enable-auto-tool-choice        serve tool_choice "auto" (the default when tools are given):
                                    the model's own calls are parsed out of its answer
   --tool-call-parser hermes|llama3_json|mistral|qwen3_coder   the model's tool-call format
+  --deployment FILE.yaml           which worker rank runs which graph nodes (M*'s format)
+  --shm-bytes N                    each worker's shared-memory arena for tensors that cross between
+                                   workers of a deployment (default: a quarter of /dev/shm, at most
+                                   2 GiB, split between the workers)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

@@ -170,6 +170,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         blockSize: options.blockSize,
         numBlocks: options.numGpuBlocksOverride,
         kvCacheMemoryBytes: options.kvCacheMemoryBytes,
+        shmBytes: options.shmBytes,
         maxModelLen: options.maxModelLen,
         dtype: options.dtype,
         device: options.device,

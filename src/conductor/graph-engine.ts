@@ -24,6 +24,8 @@ import type { StepMasks } from "../structured/step-masks.js";
 import type { NamedValues, PassBatch, PassResult, PromptResult, ReadyMessage, SamplingParams, StepResultMessage, WireValue } from "../transport/messages.js";
 import { Conductor, type ClientOutputMeta, type KvStart, type ReadyBatch } from "./conductor.js";
 import type { Value, Values } from "./values.js";
+import { planPublishing, type PublishPlan } from "./publish.js";
+import { RemoteReads } from "./remote-reads.js";
 import { WorkerLane, type AttachedWork, type LaneListener } from "./worker-lane.js";
 import type { WorkerClient } from "../worker/types.js";
 
@@ -137,6 +139,9 @@ export class GraphEngine implements LaneListener {
   private readonly live = new Map<string, LiveRequest>();
   /** Where each (node id, walk id) runs. */
   private readonly rankOfWalkNode: number[];
+  /** What each producer copies to shared memory for consumers on other ranks. */
+  private readonly publish: PublishPlan;
+  private readonly remoteReads: RemoteReads;
   /** kv_cache node id -> the most tokens one request may generate there (its loops' max_iters). */
   private readonly nodeTokenCap: number[];
   private readonly statelessLanes: WorkerLane[];
@@ -166,6 +171,8 @@ export class GraphEngine implements LaneListener {
       if (this.lanes[rank] === undefined) throw new Error(`node ${wn.node.name} is placed on rank ${rank}, which has no worker`);
       return rank;
     });
+    this.publish = planPublishing(graph, this.rankOfWalkNode, 0);
+    this.remoteReads = new RemoteReads(this.lanes.length, (worker, handles) => this.lanes[worker]?.release(handles));
     this.configs = graph.nodes.map(() => null);
     let masksTaken = false;
     this.cores = graph.nodes.map((node) => {
@@ -198,7 +205,7 @@ export class GraphEngine implements LaneListener {
       clientToken: (id, output, tokenId) => this.onClientToken(id, output, tokenId),
       requestDone: (id) => this.onRequestEnded(id, null),
       requestFailed: (id, message) => this.onRequestEnded(id, message),
-      release: (worker, handles) => this.lanes[worker]?.release(handles),
+      release: (worker, handles) => this.remoteReads.released(worker, handles),
       kvStart: (start) => this.onKvStart(start),
       kvStop: (id) => this.onKvStop(id),
     });
@@ -296,6 +303,7 @@ export class GraphEngine implements LaneListener {
         input_modalities: prompt.inputModalities,
         output_modalities: prompt.outputModalities,
         kwargs: req.modelKwargs,
+        publish: this.publish.prompts,
       });
     });
   }
@@ -404,7 +412,12 @@ export class GraphEngine implements LaneListener {
 
   private dispatchReady(): void {
     const batches = this.conductor.takeReady();
-    for (const batch of batches) this.lanes[this.rankOfWalkNode[batch.walkNode.id]!]!.addBatch(this.wireBatch(batch));
+    for (const batch of batches) {
+      const rank = this.rankOfWalkNode[batch.walkNode.id]!;
+      const wire = this.wireBatch(batch);
+      if (this.lanes.length > 1) this.remoteReads.sent(rank, wire);
+      this.lanes[rank]!.addBatch(wire);
+    }
   }
 
   private wireBatch(batch: ReadyBatch): PassBatch {
@@ -422,6 +435,7 @@ export class GraphEngine implements LaneListener {
         ),
         request_kwargs: this.live.get(p.requestId)?.modelKwargs ?? {},
       })),
+      publish: this.publish.outputs[wn.id]!,
     };
   }
 
@@ -592,6 +606,7 @@ export class GraphEngine implements LaneListener {
     for (const b of work.batches) {
       for (const p of b.passes) this.onPassResult(lane, p.pass_id, passes.get(p.pass_id));
     }
+    if (this.lanes.length > 1) for (const b of work.batches) this.remoteReads.answered(lane.rank, b);
   }
 
   stepFailed(lane: WorkerLane, work: AttachedWork, error: Error): void {
@@ -602,6 +617,7 @@ export class GraphEngine implements LaneListener {
       if (req !== undefined && !req.admitted) this.end(req, "error", message);
     }
     for (const b of work.batches) this.call(() => this.conductor.failBatch(b.batch_id, message));
+    if (this.lanes.length > 1) for (const b of work.batches) this.remoteReads.answered(lane.rank, b);
   }
 
   private onPromptResult(lane: WorkerLane, requestId: string, result: PromptResult | undefined): void {
@@ -738,13 +754,23 @@ function wireValues(values: Values): WireValue[] {
   for (const v of values) {
     switch (v.kind) {
       case "tokens":
-        out.push({ form: "tokens", handle: 0, worker: 0, ids: v.ids, dtype: "", shape: [] });
+        out.push({ form: "tokens", handle: 0, worker: 0, ids: v.ids, dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 });
         break;
       case "tensor":
-        out.push({ form: "tensor", handle: v.handle, worker: v.worker, ids: NO_IDS, dtype: v.dtype, shape: [...v.shape] });
+        out.push({
+          form: "tensor",
+          handle: v.handle,
+          worker: v.worker,
+          ids: NO_IDS,
+          dtype: v.dtype,
+          shape: [...v.shape],
+          segment: v.shm?.segment ?? "",
+          offset: v.shm?.offset ?? 0,
+          nbytes: v.shm?.nbytes ?? 0,
+        });
         break;
       case "empty":
-        out.push({ form: "empty", handle: 0, worker: 0, ids: NO_IDS, dtype: "", shape: [] });
+        out.push({ form: "empty", handle: 0, worker: 0, ids: NO_IDS, dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 });
         break;
       case "bytes":
         // Client renderings never travel back to a worker.
@@ -764,7 +790,14 @@ function fromNamedValues(named: readonly NamedValues[], rank: number): Map<strin
           case "tokens":
             return { kind: "tokens", ids: w.ids };
           case "tensor":
-            return { kind: "tensor", handle: w.handle, worker: rank, dtype: w.dtype, shape: w.shape };
+            return {
+              kind: "tensor",
+              handle: w.handle,
+              worker: rank,
+              dtype: w.dtype,
+              shape: w.shape,
+              shm: w.segment === "" ? null : { segment: w.segment, offset: w.offset, nbytes: w.nbytes },
+            };
           default:
             return { kind: "empty" };
         }

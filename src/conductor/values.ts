@@ -10,6 +10,15 @@ export interface TensorValue {
   readonly worker: number;
   readonly dtype: string;
   readonly shape: readonly number[];
+  /** Where the owner published the bytes for workers of other ranks; null when only the owner uses them. */
+  readonly shm: SharedBlock | null;
+}
+
+/** A block of the owner's shared-memory arena: `nbytes` bytes at `offset` of the file `segment` under /dev/shm. */
+export interface SharedBlock {
+  readonly segment: string;
+  readonly offset: number;
+  readonly nbytes: number;
 }
 
 /** Sampled ids (from kv_cache nodes) and prompt ids, which the control plane has anyway. */

@@ -6,6 +6,7 @@
 
 import { placeGraph, DeploymentError, type Deployment } from "../config/deployment.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
+import { arenaShare } from "../worker/shm-segments.js";
 import { startWorker } from "../worker/supervisor.js";
 import type { WorkerClient, WorkerOptions } from "../worker/types.js";
 
@@ -34,12 +35,13 @@ export function nodesByRank(deployment: Deployment): string[][] {
 }
 
 /** Worker options of one rank: its nodes, and the deployment's KV and length settings. */
-function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: number, nodes: string[] | undefined): WorkerOptions {
+function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: number, nodes: string[] | undefined, shmShare: number): WorkerOptions {
   if (deployment === null) return base;
   return {
     ...base,
     nodes,
     rank,
+    shmBytes: base.shmBytes ?? (shmShare > 0 ? shmShare : undefined),
     numBlocks: base.numBlocks ?? deployment.kvCache.maxNumPages ?? undefined,
     maxModelLen: base.maxModelLen ?? deployment.maxSeqLen ?? undefined,
     modelKwargs: deployment.modelKwargs,
@@ -51,16 +53,18 @@ function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: n
 /** Starts every rank; on any failure stops what started and rejects (WorkerStartError or DeploymentError). */
 export async function startGraphWorkers(base: WorkerOptions, deployment: Deployment | null): Promise<GraphWorkers> {
   const nodes = deployment === null ? [undefined] : nodesByRank(deployment);
+  // Tensors cross between workers through shared memory: each worker of a split deployment gets its share.
+  const shmShare = nodes.length > 1 ? arenaShare(nodes.length) : 0;
   const workers: WorkerClient[] = [];
   try {
-    workers.push(await startWorker(rankOptions(base, deployment, 0, nodes[0])));
+    workers.push(await startWorker(rankOptions(base, deployment, 0, nodes[0], shmShare)));
     const graph = compileModelGraph(workers[0]!.ready.graph);
     const shape = {
       nodes: graph.nodes.map((n) => n.name),
       walks: graph.walks.map((w) => ({ name: w.name, nodes: graph.walkNodes.slice(w.walkNodeStart, w.walkNodeEnd).map((wn) => wn.node.name) })),
     };
     const placement = placeGraph(deployment, shape);
-    const rest = await Promise.allSettled(nodes.slice(1).map((n, i) => startWorker(rankOptions(base, deployment, i + 1, n))));
+    const rest = await Promise.allSettled(nodes.slice(1).map((n, i) => startWorker(rankOptions(base, deployment, i + 1, n, shmShare))));
     for (const r of rest) if (r.status === "fulfilled") workers.push(r.value);
     const failed = rest.find((r) => r.status === "rejected");
     if (failed !== undefined) throw (failed as PromiseRejectedResult).reason;

@@ -51,6 +51,9 @@ export interface WireValue {
   ids: Int32Array;
   dtype: string;
   shape: number[];
+  segment: string;
+  offset: number;
+  nbytes: number;
 }
 
 export interface NamedValues {
@@ -79,6 +82,7 @@ export interface PassBatch {
   node: string;
   walk: string;
   passes: NodePass[];
+  publish: string[];
 }
 
 export interface PromptRequest {
@@ -87,6 +91,7 @@ export interface PromptRequest {
   input_modalities: string[];
   output_modalities: string[];
   kwargs: unknown;
+  publish: string[];
 }
 
 export interface PromptResult {
@@ -119,6 +124,7 @@ export interface PassResult {
  * sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
  * Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
  * WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
+ * Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
  * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
  */
 export interface StepMessage {
@@ -257,6 +263,9 @@ export const WIRE_TABLES: WireTables = {
       { name: "ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       { name: "dtype", type: { kind: "str", nullable: false, text: "str" } },
       { name: "shape", type: { kind: "int[]", nullable: false, text: "int[]" } },
+      { name: "segment", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "offset", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "nbytes", type: { kind: "int", nullable: false, text: "int" } },
     ],
     NamedValues: [
       { name: "name", type: { kind: "str", nullable: false, text: "str" } },
@@ -281,6 +290,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "node", type: { kind: "str", nullable: false, text: "str" } },
       { name: "walk", type: { kind: "str", nullable: false, text: "str" } },
       { name: "passes", type: { kind: "struct[]", struct: "NodePass", nullable: false, text: "NodePass[]" } },
+      { name: "publish", type: { kind: "str[]", nullable: false, text: "str[]" } },
     ],
     PromptRequest: [
       { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
@@ -288,6 +298,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "input_modalities", type: { kind: "str[]", nullable: false, text: "str[]" } },
       { name: "output_modalities", type: { kind: "str[]", nullable: false, text: "str[]" } },
       { name: "kwargs", type: { kind: "any", nullable: false, text: "any" } },
+      { name: "publish", type: { kind: "str[]", nullable: false, text: "str[]" } },
     ],
     PromptResult: [
       { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },

@@ -16,6 +16,7 @@ import {
   type WorkerToEngineMessage,
 } from "../transport/messages.js";
 import { resolvePythonEnv } from "./python-env.js";
+import { removeSegmentsOf } from "./shm-segments.js";
 import { WorkerDiedError, WorkerStartError, type WorkerClient, type WorkerExit, type WorkerOptions } from "./types.js";
 
 /**
@@ -47,6 +48,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   if (opts.modelKwargs !== undefined && Object.keys(opts.modelKwargs).length > 0) args.push("--model-kwargs", JSON.stringify(opts.modelKwargs));
+  if (opts.shmBytes !== undefined && opts.shmBytes > 0) args.push("--shm-bytes", String(opts.shmBytes));
   return args;
 }
 
@@ -304,6 +306,7 @@ class SupervisedWorker implements WorkerClient {
   killAndCleanSync(): void {
     this.killNow();
     this.channel.closeSync();
+    if (this.child.pid !== undefined) removeSegmentsOf(this.child.pid);
   }
 
   private killAfter(ms: number): void {
@@ -329,6 +332,7 @@ class SupervisedWorker implements WorkerClient {
     const exit: WorkerExit = { code, signal, message };
     this.exitInfo = exit;
     live.delete(this);
+    if (this.child.pid !== undefined) removeSegmentsOf(this.child.pid);
     await this.channel.close();
 
     const reason = this.shutdownRequested ? "model worker was shut down" : message;

@@ -39,6 +39,8 @@ export interface WorkerOptions {
   rank?: number;
   /** A graph model's constructor arguments (a deployment's model_kwargs). */
   modelKwargs?: Record<string, unknown>;
+  /** Bytes of the worker's shared-memory arena, through which its tensors reach workers of other ranks (default: none). */
+  shmBytes?: number;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
 }

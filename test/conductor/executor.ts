@@ -95,7 +95,7 @@ export class Executor implements ConductorSink {
   // Values -----------------------------------------------------------------------
 
   tensor(label: string, worker = 0): TensorValue {
-    const v: TensorValue = { kind: "tensor", handle: this.nextHandle++, worker, dtype: "float32", shape: [1] };
+    const v: TensorValue = { kind: "tensor", handle: this.nextHandle++, worker, dtype: "float32", shape: [1], shm: null };
     let store = this.stores.get(worker);
     if (store === undefined) {
       store = new Map();

@@ -41,6 +41,7 @@ describe("parseServeArgs", () => {
       maxNumQueuedRequests: 4096,
       maxRequestBodyBytes: 64 * 1024 * 1024,
       deployment: null,
+      shmBytes: undefined,
       asyncScheduling: true,
       schedulingPolicy: "fcfs",
       engineThread: true,

@@ -55,7 +55,7 @@ const strs = fc.array(str, { maxLength: 3 });
 const small = <T>(a: fc.Arbitrary<T>): fc.Arbitrary<T[]> => fc.array(a, { maxLength: 3 });
 // any: plain data, as a model's kwargs or a chunk's metadata hold it.
 const plain = fc.dictionary(fc.string({ maxLength: 8 }), fc.oneof(str, fc.integer(), fc.boolean(), fc.constant(null)), { maxKeys: 3, noNullPrototype: true });
-const wireValue: fc.Arbitrary<WireValue> = rec({ form: fc.constantFrom("tokens", "tensor", "empty"), handle: int, worker: int, ids: i32, dtype: str, shape: fc.array(int, { maxLength: 4 }) });
+const wireValue: fc.Arbitrary<WireValue> = rec({ form: fc.constantFrom("tokens", "tensor", "empty"), handle: int, worker: int, ids: i32, dtype: str, shape: fc.array(int, { maxLength: 4 }), segment: str, offset: int, nbytes: int });
 const namedValues: fc.Arbitrary<NamedValues> = rec({ name: str, values: small(wireValue) });
 const passBatch: fc.Arbitrary<PassBatch> = rec({
   batch_id: int,
@@ -70,8 +70,9 @@ const passBatch: fc.Arbitrary<PassBatch> = rec({
       request_kwargs: plain,
     }),
   ),
+  publish: strs,
 });
-const promptRequest: fc.Arbitrary<PromptRequest> = rec({ request_id: str, prompt: fc.option(str), input_modalities: strs, output_modalities: strs, kwargs: plain });
+const promptRequest: fc.Arbitrary<PromptRequest> = rec({ request_id: str, prompt: fc.option(str), input_modalities: strs, output_modalities: strs, kwargs: plain, publish: strs });
 const promptResult: fc.Arbitrary<PromptResult> = rec({ request_id: str, error: fc.option(str), values: small(namedValues) });
 const clientChunk: fc.Arbitrary<ClientChunk> = rec({ name: str, modality: str, data: u8, metadata: plain });
 const passResult: fc.Arbitrary<PassResult> = rec({ pass_id: int, error: fc.option(str), outputs: small(namedValues), client_chunks: small(clientChunk), stops: strs });

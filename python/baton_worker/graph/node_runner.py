@@ -62,7 +62,14 @@ class TokenIds:
         object.__setattr__(self, "ids", np.ascontiguousarray(self.ids, dtype=np.int32).reshape(-1))
 
 
-InputValue = Union[TensorDescriptor, TokenIds]
+@dataclass(frozen=True)
+class ReceivedTensor:
+    """A tensor another worker produced, copied in for one pass (it has no handle here)."""
+
+    tensor: torch.Tensor
+
+
+InputValue = Union[TensorDescriptor, TokenIds, ReceivedTensor]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -369,6 +376,8 @@ class NodeRunner:
                     tensors.append(self.store.get(value.handle))
                 elif isinstance(value, TokenIds):
                     tensors.append(torch.from_numpy(value.ids.astype(np.int64)).to(self.device))
+                elif isinstance(value, ReceivedTensor):
+                    tensors.append(value.tensor.to(self.device))
                 else:
                     raise TypeError(f"input {name!r}: unexpected value {type(value).__name__}")
             inputs[name] = tensors

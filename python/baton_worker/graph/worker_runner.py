@@ -14,9 +14,17 @@ runs it in the schema's order (protocol/schema.json, Step semantics):
    node this worker hosts; rows on a worker without one are a ProtocolError;
 5. each PassBatch through NodeRunner.run: one batched call of a stateless node.
 
+Tensors for other workers (issue 8, protocol/schema.json "Tensors between
+workers"): a batch's `publish` names the outputs a worker of another rank
+consumes (a prompt request's, its values); this worker copies those tensors
+into its shared-memory arena as well and describes the block beside the
+handle. The block is freed with the handle, when the control plane releases
+it. A consumer copies a published input out of the producer's segment while it
+resolves the pass's inputs. A tensor that does not fit fails its request only.
+
 Pass failures never leave the loop as exceptions: a bad input fails its pass
-(a tensor held by another worker, an unknown handle or value form, a request's
-kwargs that are not a map), a failing forward fails its batch, and a batch for
+(a tensor of another worker that it did not publish or whose segment is gone,
+an unknown handle or value form, a request's kwargs that are not a map), a failing forward fails its batch, and a batch for
 a node this worker does not host fails every pass of it with a line saying why.
 
 Timings: the graph work before the rows (releases, finished requests, prompts)
@@ -35,10 +43,12 @@ import numpy as np
 from .. import protocol
 from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..step_runner import StepRunner
+from ..transfer.shm import ShmArena, ShmFull, ShmReader, ShmRef
 from .authoring import EngineType
 from .node_runner import (
     ChunkInfo,
     InputValue,
+    ReceivedTensor,
     NodePass,
     NodeRunner,
     PassResult,
@@ -63,10 +73,18 @@ class GraphStepRunner:
 
     kv: the StepRunner of the hosted kv_cache node `kv_node` (None: this
     worker hosts none); nodes: the NodeRunner over the hosted stateless nodes;
-    rank: this worker's rank, the `worker` of every tensor it describes.
+    rank: this worker's rank, the `worker` of every tensor it describes;
+    arena: where it publishes tensors for other workers (None: it cannot).
     """
 
-    def __init__(self, nodes: NodeRunner, kv: StepRunner | None = None, kv_node: str | None = None, rank: int = 0):
+    def __init__(
+        self,
+        nodes: NodeRunner,
+        kv: StepRunner | None = None,
+        kv_node: str | None = None,
+        rank: int = 0,
+        arena: ShmArena | None = None,
+    ):
         if (kv is None) != (kv_node is None):
             raise ValueError("a kv StepRunner and the kv_cache node it runs come together")
         self.nodes = nodes
@@ -75,6 +93,16 @@ class GraphStepRunner:
         self.rank = rank
         self.engines = {name: EngineType(kind) for name, kind in nodes.model.get_node_engine_types().items()}
         self.hosted = ([kv_node] if kv_node else []) + list(nodes.submodules)
+        self.arena = arena
+        self.reader = ShmReader()
+        # Handle -> its block in the arena, for the handles published so far.
+        self.published: dict[int, ShmRef] = {}
+
+    def close(self) -> None:
+        """Unmaps the segments read and unlinks this worker's arena."""
+        self.reader.close()
+        if self.arena is not None:
+            self.arena.close()
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """wait_mask: how the rows' StepRunner waits for the grammar masks of a step with mask_rows."""
@@ -109,7 +137,8 @@ class GraphStepRunner:
                     f"Step.releases[{i}]", f"tensor handle {handle} is not held by worker {self.rank} (released twice?)"
                 )
         for handle, count in wanted.items():
-            store.release(handle, count)
+            if store.release(handle, count):
+                self._unpublish(handle)
 
     # -- 3. prompts ---------------------------------------------------------------------
 
@@ -121,6 +150,11 @@ class GraphStepRunner:
             )
         except Exception as exc:
             return protocol.PromptResult(request.request_id, one_line(f"process_prompt: {type(exc).__name__}: {exc}"))
+        try:
+            self._publish(values, request.publish)
+        except ShmFull as exc:
+            self._drop(values)
+            return protocol.PromptResult(request.request_id, one_line(f"process_prompt: {exc}"))
         return protocol.PromptResult(
             request.request_id,
             None,
@@ -130,9 +164,51 @@ class GraphStepRunner:
     def _wire_value(self, value: InputValue) -> protocol.WireValue:
         if isinstance(value, TokenIds):
             return protocol.WireValue("tokens", ids=value.ids)
+        if not isinstance(value, TensorDescriptor):
+            raise TypeError(f"a {type(value).__name__} is not a value this worker describes")
+        ref = self.published.get(value.handle)
         return protocol.WireValue(
-            "tensor", handle=value.handle, worker=self.rank, dtype=value.dtype, shape=list(value.shape)
+            "tensor",
+            handle=value.handle,
+            worker=self.rank,
+            dtype=value.dtype,
+            shape=list(value.shape),
+            segment=ref.segment if ref else "",
+            offset=ref.offset if ref else 0,
+            nbytes=ref.nbytes if ref else 0,
         )
+
+    # -- shared memory ------------------------------------------------------------------
+
+    def _publish(self, values: Mapping[str, list[Any]], names: list[str]) -> None:
+        """Copies the stored tensors named in `names` into the arena. Raises ShmFull
+        (nothing stays published) when one does not fit or there is no arena."""
+        done: list[int] = []
+        try:
+            for name in names:
+                for value in values.get(name, ()):
+                    if not isinstance(value, TensorDescriptor) or value.handle in self.published:
+                        continue
+                    if self.arena is None:
+                        raise ShmFull(f"worker {self.rank} has no shared-memory arena (--shm-bytes) to publish {name!r}")
+                    self.published[value.handle] = self.arena.put(self.nodes.store.get(value.handle))
+                    done.append(value.handle)
+        except BaseException:
+            for handle in done:
+                self._unpublish(handle)
+            raise
+
+    def _unpublish(self, handle: int) -> None:
+        ref = self.published.pop(handle, None)
+        if ref is not None and self.arena is not None:
+            self.arena.free(ref)
+
+    def _drop(self, values: Mapping[str, list[Any]]) -> None:
+        """Releases a result's stored tensors: it failed, nobody will refer to them."""
+        for items in values.values():
+            for value in items:
+                if isinstance(value, TensorDescriptor) and self.nodes.store.release(value.handle):
+                    self._unpublish(value.handle)
 
     # -- 4. KV rows ---------------------------------------------------------------------
 
@@ -169,7 +245,7 @@ class GraphStepRunner:
                 message = one_line(f"node {batch.node!r}: {type(exc).__name__}: {exc}")
                 ran = [PassResult(p.pass_id, p.request_id, error=message) for p in passes]
             for i, result in zip(live, ran, strict=True):
-                results[i] = self._wire_result(result)
+                results[i] = self._wire_result(result, batch.publish, batch.node)
         return results  # type: ignore[return-value]  (every slot is filled above)
 
     def _refusal(self, node: str) -> str | None:
@@ -209,16 +285,31 @@ class GraphStepRunner:
             return None
         if value.form == "tensor":
             if value.worker != self.rank:
-                raise PassInputError(
-                    f"input {name!r}: tensor handle {value.handle} lives on worker {value.worker}; "
-                    f"worker {self.rank} cannot fetch tensors from other workers yet"
-                )
+                return ReceivedTensor(self._read_shared(name, value))
             if value.handle not in self.nodes.store:
                 raise PassInputError(f"input {name!r}: tensor handle {value.handle} is not held by worker {self.rank}")
             return TensorDescriptor(value.handle, value.dtype, tuple(value.shape))
         raise PassInputError(f"input {name!r}: unknown value form {value.form!r} (tokens, tensor or empty)")
 
-    def _wire_result(self, result: PassResult) -> protocol.PassResult:
+    def _read_shared(self, name: str, value: protocol.WireValue) -> Any:
+        if not value.segment:
+            raise PassInputError(
+                f"input {name!r}: tensor handle {value.handle} lives on worker {value.worker}, "
+                f"which did not publish it to shared memory"
+            )
+        ref = ShmRef(value.segment, value.offset, value.nbytes, value.dtype, tuple(value.shape))
+        try:
+            return self.reader.read(ref, self.nodes.device)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise PassInputError(f"input {name!r} from worker {value.worker}: {exc}") from None
+
+    def _wire_result(self, result: PassResult, publish: list[str], node: str) -> protocol.PassResult:
+        if result.error is None and publish:
+            try:
+                self._publish(result.outputs, publish)
+            except ShmFull as exc:
+                self._drop(result.outputs)
+                return protocol.PassResult(result.pass_id, one_line(f"node {node!r}: outputs: {exc}"))
         return protocol.PassResult(
             result.pass_id,
             one_line(result.error) if result.error is not None else None,

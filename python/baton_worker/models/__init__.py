@@ -17,6 +17,8 @@ from .demo_tts.spec import ARCHITECTURE as DEMO_TTS
 
 GRAPH_ARCHITECTURES: dict[str, str] = {
     DEMO_TTS: "baton_worker.models.demo_tts.graph_model:BatonDemoTTS",
+    # Two stateless nodes passing a float tensor: what the placement tests move between workers.
+    "BatonTensorRelay": "baton_worker.models.tensor_relay:BatonTensorRelay",
 }
 
 

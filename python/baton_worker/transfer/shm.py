@@ -138,7 +138,7 @@ class ShmArena:
                 return offset
         raise ShmFull(
             f"shared-memory arena {self.name} has no room for {nbytes} bytes "
-            f"({self.used_bytes} of {self.size} bytes in use); raise the host's shared-memory budget"
+            f"({self.used_bytes} of {self.size} bytes in use); raise baton serve --shm-bytes"
         )
 
     def close(self) -> None:
