@@ -231,7 +231,13 @@ const vectors = {
       batches: [],
       releases: [],
       finished_requests: [],
+      mask_rows: [1],
     },
+  },
+  // The mask of step 17's second sampled row, over a 40-token vocabulary: tokens 0, 5, 31 and 39.
+  step_mask: {
+    message: "StepMask",
+    value: { step_id: 17, bitmask: [-2147483615, 128] },
   },
   // A step with no work (engine idle tick / drain): every array empty.
   step_empty: {
@@ -250,6 +256,7 @@ const vectors = {
       batches: [],
       releases: [],
       finished_requests: [],
+      mask_rows: [],
     },
   },
   // Canonical numbers at the edges: 2^32-1 is uint32, a seed of 2^33 and
@@ -278,6 +285,7 @@ const vectors = {
       batches: [],
       releases: [],
       finished_requests: [],
+      mask_rows: [],
     },
   },
   // Graph work only (a text-to-speech request): a release, a finished request,
@@ -321,6 +329,7 @@ const vectors = {
       ],
       releases: [5, 6],
       finished_requests: ["speech-0"],
+      mask_rows: [],
     },
   },
   ping: { message: "Ping", value: { nonce: 123456 } },
@@ -328,7 +337,7 @@ const vectors = {
   ready: {
     message: "Ready",
     value: {
-      protocol_version: 3,
+      protocol_version: 4,
       num_blocks: 2048,
       block_size: 16,
       max_model_len: 4096,

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from .request_state import RequestState
+from .token_bitmask import apply_token_bitmask
 
 # Below this temperature a request is treated as greedy (vLLM's _SAMPLING_EPS).
 SAMPLING_EPS = 1e-5
@@ -49,6 +50,15 @@ class SampleOutput:
     top_counts: np.ndarray | None  # int32 [rows]
     top_ids: np.ndarray | None  # int32 [sum(top_counts)]
     top_logprobs: np.ndarray | None  # float32 [sum(top_counts)]
+
+
+@dataclass
+class TokenMask:
+    """Grammar masks of some sampled rows: rows index the logits' rows; bitmask is
+    len(rows) packed rows of ceil(vocab / 32) int32 words (token_bitmask.py)."""
+
+    rows: np.ndarray
+    bitmask: np.ndarray
 
 
 def is_greedy(state: RequestState) -> bool:
@@ -82,11 +92,15 @@ class Sampler:
         self.penalty_counts = PenaltyCounts(device)
         self._scratch: torch.Tensor | None = None
 
-    def sample(self, logits: torch.Tensor, states: list[RequestState]) -> SampleOutput:
-        """logits: float32 [rows, vocab], one row per request that samples this step (left unchanged)."""
+    def sample(self, logits: torch.Tensor, states: list[RequestState], token_mask: TokenMask | None = None) -> SampleOutput:
+        """logits: float32 [rows, vocab], one row per request that samples this step (left
+        unchanged, but for grammar-masked rows: token_mask's disallowed tokens become -inf
+        first, so sampling and logprobs see only what the grammar allows)."""
         n = len(states)
         if n == 0:
             return SampleOutput(np.zeros(0, np.int32), None, None, None, None)
+        if token_mask is not None:
+            apply_token_bitmask(logits, token_mask.rows, token_mask.bitmask)
         greedy, hot = [], []  # penalised or suppressed greedy rows; the rest that are not greedy
         for i, st in enumerate(states):
             if not is_greedy(st):

@@ -2,7 +2,8 @@
 
 Sockets: the engine binds a PUSH at --in-endpoint and a PULL at --out-endpoint;
 the worker connects a PULL to the first and a PUSH to the second.
-Messages: Step -> StepResult, Ping -> Pong, Shutdown -> exit 0. Any failure
+Messages: Step -> StepResult (a Step with mask_rows waits for its StepMask
+after the forward pass), Ping -> Pong, Shutdown -> exit 0. Any failure
 (start-up or a malformed message) is sent as Fatal with a one-line message,
 printed to stderr, and the process exits 1 after giving ZeroMQ ~1 s to flush.
 """
@@ -34,6 +35,7 @@ class Channel:
         self.push.setsockopt(zmq.LINGER, LINGER_MS)
         self.push.connect(out_endpoint)
         self.pull = None
+        self.backlog: list = []
         if in_endpoint is not None:
             self.pull = self.context.socket(zmq.PULL)
             self.pull.setsockopt(zmq.LINGER, 0)
@@ -44,6 +46,27 @@ class Channel:
 
     def recv(self) -> bytes:
         return self.pull.recv(copy=True)
+
+    def next_message(self):
+        """The next message: one put aside while waiting for a step mask, else from the socket."""
+        if self.backlog:
+            return self.backlog.pop(0)
+        return protocol.decode(self.recv())
+
+    def wait_mask(self, step_id: int):
+        """Waits for the StepMask of step_id (sent once the engine knows the tokens
+        before the step's constrained rows). Pings are answered meanwhile; a next
+        Step (overlap) or Shutdown is kept for the main loop."""
+        while True:
+            message = protocol.decode(self.recv())
+            if isinstance(message, protocol.StepMask):
+                if message.step_id != step_id:
+                    raise protocol.ProtocolError("StepMask.step_id", f"got the mask of step {message.step_id} while step {step_id} waits")
+                return message
+            if isinstance(message, protocol.Ping):
+                self.send(protocol.Pong(message.nonce))
+            else:
+                self.backlog.append(message)
 
     def close(self) -> None:
         if self.pull is not None:
@@ -72,9 +95,9 @@ def fail(channel: Channel | None, message: str) -> int:
 
 def serve(channel: Channel, runner) -> int:
     while True:
-        message = protocol.decode(channel.recv())
+        message = channel.next_message()
         if isinstance(message, protocol.Step):
-            channel.send(runner.execute(message))
+            channel.send(runner.execute(message, channel.wait_mask))
         elif isinstance(message, protocol.Ping):
             channel.send(protocol.Pong(message.nonce))
         elif isinstance(message, protocol.Shutdown):

@@ -21,6 +21,7 @@ logits at once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,9 +30,10 @@ import torch
 from .attention import AttentionBackend
 from .model import DecoderModel
 from .persistent_batch import PersistentBatch, StepInputs
-from .protocol import ProtocolError, Step, StepResult, StepTimings
+from .protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from .request_state import RequestState
-from .sampler import SampleOutput, Sampler
+from .sampler import SampleOutput, Sampler, TokenMask
+from .token_bitmask import words_per_row
 
 _ROW_FIELDS = ("num_new_tokens", "num_computed", "new_block_counts", "sample")
 
@@ -84,7 +86,10 @@ class StepRunner:
         # Slots of requests that want prompt logprobs, until their prompt is computed.
         self.prompt_slots: set[int] = set()
 
-    def execute(self, step: Step) -> StepResult:
+    def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
+        """Runs the step. A step with mask_rows needs wait_mask: after the forward
+        pass it is called with the step id and returns the StepMask that the
+        engine sends once it knows the tokens before those rows."""
         t0 = time.perf_counter()
         self._remove(step)
         self._add(step)
@@ -112,7 +117,9 @@ class StepRunner:
             total = len(prompt.targets)
             prompt_out = PromptLogprobs(prompt.counts, np.zeros(total, np.float32), np.ones(total, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32))
         t2 = time.perf_counter()
-        out = self._sample(logits, sampled, inputs)
+        # Waiting for a grammar mask counts as sampling time: the forward pass is done.
+        token_mask = self._token_mask(step, len(sampled), wait_mask)
+        out = self._sample(logits, sampled, inputs, token_mask)
         if len(sample_slots):
             self.batch.append_tokens(sample_slots, out.token_ids)
             for state, token in zip(sampled, out.token_ids.tolist()):
@@ -290,7 +297,23 @@ class StepRunner:
 
     # ------------------------------------------------------------ sampling
 
-    def _sample(self, logits: torch.Tensor | None, sampled: list[RequestState], inputs: StepInputs) -> SampleOutput:
+    def _token_mask(self, step: Step, num_sampled: int, wait_mask: Callable[[int], StepMask] | None) -> TokenMask | None:
+        rows = step.mask_rows
+        if len(rows) == 0:
+            return None
+        if rows.min() < 0 or rows.max() >= num_sampled or np.any(np.diff(rows) <= 0):
+            raise ProtocolError("Step.mask_rows", f"must be increasing indices among the {num_sampled} sampled rows")
+        if wait_mask is None:
+            raise ProtocolError("Step.mask_rows", "this worker cannot receive step masks")
+        mask = wait_mask(step.step_id)
+        words = words_per_row(self.vocab_size)
+        if len(mask.bitmask) != len(rows) * words:
+            raise ProtocolError("StepMask.bitmask", f"has {len(mask.bitmask)} words, {len(rows)} masked rows need {len(rows) * words}")
+        return TokenMask(rows.astype(np.int64), mask.bitmask)
+
+    def _sample(
+        self, logits: torch.Tensor | None, sampled: list[RequestState], inputs: StepInputs, token_mask: TokenMask | None = None
+    ) -> SampleOutput:
         if logits is None and self.model is not None:
             # An empty step: nothing ran, nothing to sample.
             return SampleOutput(np.zeros(0, np.int32), None, None, None, None)
@@ -300,4 +323,4 @@ class StepRunner:
             tokens = ((last + 1) % self.vocab_size).astype(np.int32)
             wants = any(s.sampling.logprobs >= 0 for s in sampled)
             return SampleOutput(tokens, np.zeros(len(sampled), np.float32) if wants else None, None, None, None)
-        return self.sampler.sample(logits, sampled)
+        return self.sampler.sample(logits, sampled, token_mask)

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "PassResult", "Step", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 @dataclass
@@ -155,7 +155,9 @@ class Step:
 
     WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
 
-    Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only."""
+    Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
+
+    mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made)."""
 
     step_id: int
     added: list[AddedRequest]
@@ -170,6 +172,15 @@ class Step:
     batches: list[PassBatch] = dataclasses.field(default_factory=lambda: [])
     releases: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     finished_requests: list[str] = dataclasses.field(default_factory=lambda: [])
+    mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+@dataclass
+class StepMask:
+    """bitmask: len(mask_rows) rows of ceil(vocab_size / 32) words; bit j of word w of row r allows token 32 * w + j for sampled row mask_rows[r] (xgrammar's layout). Every other token's logit becomes -inf before sampling (and before logprobs are taken)."""
+
+    step_id: int
+    bitmask: np.ndarray
 
 
 @dataclass
@@ -244,7 +255,7 @@ class Fatal:
 
 
 STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "PassResult": PassResult}
-MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
+MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
 FieldSpec = tuple[str, str, bool, str | None]
@@ -356,6 +367,15 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("batches", "struct[]", False, "PassBatch"),
             ("releases", "i32[]", False, None),
             ("finished_requests", "str[]", False, None),
+            ("mask_rows", "i32[]", False, None),
+        ),
+    ),
+    "StepMask": (
+        "step_mask",
+        "engine",
+        (
+            ("step_id", "int", False, None),
+            ("bitmask", "i32[]", False, None),
         ),
     ),
     "Ping": (

@@ -23,10 +23,13 @@ export interface RequestSettings {
   temperature: number;
   extras: RequestExtras;
   headers: Record<string, string>;
+  /** Fields added to every body (--extra-body); the benchmark's own fields win. */
+  extraBody?: Record<string, unknown>;
 }
 
 export function buildRequest(settings: RequestSettings, prompt: BenchPrompt): StreamRequest {
   const body: Record<string, unknown> = {
+    ...settings.extraBody,
     model: settings.model,
     max_tokens: prompt.outputTokens,
     temperature: settings.temperature,

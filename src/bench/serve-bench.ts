@@ -40,6 +40,8 @@ export interface ServeBenchOptions {
   temperature: number;
   /** Ask for ignore_eos (dropped if the server rejects the field). */
   ignoreEos: boolean;
+  /** Fields added to every request body (--extra-body). */
+  extraBody?: Record<string, unknown>;
   apiKey: string | null;
   percentiles: number[];
   /** Draw a progress bar on stderr. */
@@ -91,7 +93,14 @@ export async function runServeBench(options: ServeBenchOptions, log: (line: stri
   if (testPrompt === undefined) throw new BenchError("the dataset is empty");
   const client = new StreamClient(options.baseUrl, options.maxConcurrency ?? options.numPrompts);
   try {
-    const base: Omit<RequestSettings, "extras"> = { baseUrl: options.baseUrl, endpoint: options.endpoint, model, temperature: options.temperature, headers };
+    const base: Omit<RequestSettings, "extras"> = {
+      baseUrl: options.baseUrl,
+      endpoint: options.endpoint,
+      model,
+      temperature: options.temperature,
+      headers,
+      extraBody: options.extraBody ?? {},
+    };
     const extras = await probeServer(client, base, { ...testPrompt, outputTokens: Math.min(testPrompt.outputTokens, 16) }, options.ignoreEos, log);
     const bar = options.progress ? new ProgressBar("requests", process.stderr) : null;
     const run = await runWorkload(client, { ...base, extras }, prompts, options, bar?.update);

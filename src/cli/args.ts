@@ -4,6 +4,8 @@
 import { parseArgs } from "node:util";
 import type { Device, Dtype, LoadFormat } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
+import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
+import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
 
 export type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
@@ -46,6 +48,12 @@ export interface ServeOptions {
   maxNumQueuedRequests: number;
   /** Larger request bodies get 413. */
   maxRequestBodyBytes: number;
+  /** --reasoning-parser: split chat output into reasoning_content and content; null: off. */
+  reasoningParser: ReasoningParserName | null;
+  /** --tool-call-parser: how tool_choice "auto" reads the model's calls; null: none. */
+  toolCallParser: ToolCallParserName | null;
+  /** --enable-auto-tool-choice: tool_choice "auto" (the default when tools are given) is served. */
+  enableAutoToolChoice: boolean;
   /** --deployment FILE.yaml (M*'s format): which worker rank runs which graph nodes. */
   deployment: string | null;
   /** --shm-bytes N: each worker's shared-memory arena in a split deployment (default: a share of /dev/shm). */
@@ -94,6 +102,9 @@ const SERVE_FLAGS = {
   "log-level": { type: "string" },
   "max-num-queued-requests": { type: "string" },
   "max-request-body-bytes": { type: "string" },
+  "reasoning-parser": { type: "string" },
+  "tool-call-parser": { type: "string" },
+  "enable-auto-tool-choice": { type: "boolean" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -187,6 +198,10 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
   if (port > 65535) throw new UsageError(`invalid value '${values.port}' for --port: must be at most 65535`);
   const apiKey = values["api-key"] ?? env.BATON_API_KEY ?? null;
   if (apiKey !== null && apiKey.trim() === "") throw new UsageError("--api-key (or BATON_API_KEY) must not be empty");
+  const toolCallParser = values["tool-call-parser"] === undefined ? null : choice(values["tool-call-parser"], "tool-call-parser", TOOL_CALL_PARSERS, "hermes");
+  if (values["enable-auto-tool-choice"] === true && toolCallParser === null) {
+    throw new UsageError("--enable-auto-tool-choice needs --tool-call-parser");
+  }
   const seed = values.seed === undefined ? SERVE_DEFAULTS.seed : Number(values.seed);
   if (!Number.isSafeInteger(seed)) throw new UsageError(`invalid value '${values.seed}' for --seed: expected an integer`);
   return {
@@ -214,6 +229,9 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       logLevel: choice(values["log-level"], "log-level", LOG_LEVELS, SERVE_DEFAULTS.logLevel),
       maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
       maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
+      reasoningParser: values["reasoning-parser"] === undefined ? null : choice(values["reasoning-parser"], "reasoning-parser", REASONING_PARSERS, "qwen3"),
+      toolCallParser,
+      enableAutoToolChoice: values["enable-auto-tool-choice"] === true,
       deployment: values.deployment ?? null,
       shmBytes: intFlag(values["shm-bytes"], "shm-bytes", 1, undefined),
     },
@@ -261,6 +279,11 @@ Options (vLLM's names; --flag value or --flag=value):
   --scheduling-policy fcfs|priority   priority: requests with a lower \`priority\` field run first (default fcfs)
   --max-num-queued-requests N      new requests get 429 while N wait (default ${SERVE_DEFAULTS.maxNumQueuedRequests})
   --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)
+  --reasoning-parser qwen3|deepseek_r1   split <think>...</think> out of chat answers into
+                                   reasoning_content (message and streamed delta)
+  --enable-auto-tool-choice        serve tool_choice "auto" (the default when tools are given):
+                                   the model's own calls are parsed out of its answer
+  --tool-call-parser hermes|llama3_json|mistral|qwen3_coder   the model's tool-call format
   --deployment FILE.yaml           which worker rank runs which graph nodes (M*'s format)
   --shm-bytes N                    each worker's shared-memory arena for tensors that cross between
                                    workers of a deployment (default: a quarter of /dev/shm, at most

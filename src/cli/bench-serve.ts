@@ -30,6 +30,8 @@ const WORKLOAD_HELP = `Workload (vLLM's flag names):
   --seed N                 prompts and arrival times (default 0)
   --no-ignore-eos          do not send ignore_eos (sent by default, so outputs are exactly
                            max_tokens long; dropped when the server refuses the field)
+  --extra-body JSON        fields added to every request body, e.g. '{"structured_outputs":
+                           {"regex": "[a-z ]+"}}' (with --no-ignore-eos: a grammar refuses ignore_eos)
   --metric-percentiles L   comma-separated percentiles to report (default 99)
   --disable-tqdm           no progress bar (there is none when stderr is not a terminal)
 `;
@@ -103,6 +105,7 @@ const WORKLOAD_FLAGS = {
   burstiness: { type: "string" },
   seed: { type: "string" },
   "no-ignore-eos": { type: "boolean" },
+  "extra-body": { type: "string" },
   "ignore-eos": { type: "boolean" },
   "metric-percentiles": { type: "string" },
   "disable-tqdm": { type: "boolean" },
@@ -236,9 +239,23 @@ function parseWorkload(values: WorkloadValues): Omit<ServeBenchOptions, "baseUrl
     burstiness: float(values.burstiness, "burstiness", (n) => n > 0, "a positive number", 1),
     seed: int(values.seed, "seed", 0, 0),
     ignoreEos: values["no-ignore-eos"] !== true,
+    extraBody: extraBody(values["extra-body"]),
     percentiles: values["metric-percentiles"] === undefined ? [99] : list(values["metric-percentiles"], "metric-percentiles", (n) => n > 0 && n < 100, "percentiles between 0 and 100"),
     progress: values["disable-tqdm"] !== true && process.stderr.isTTY === true,
   };
+}
+
+/** --extra-body: a JSON object merged into every request. */
+function extraBody(text: string | undefined): Record<string, unknown> {
+  if (text === undefined) return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new UsageError(`invalid value for --extra-body: ${(error as Error).message}`);
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) throw new UsageError("--extra-body must be a JSON object");
+  return value as Record<string, unknown>;
 }
 
 function outputArgs(values: WorkloadValues): OutputArgs {

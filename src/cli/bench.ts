@@ -1,6 +1,7 @@
-// `baton bench <serve|compare|overhead>`: the load generator against any
-// OpenAI-compatible server, Baton against a peer server, and the control
-// plane's per-step cost with the model taken out (src/bench/overhead.ts).
+// `baton bench <serve|compare|overhead|masks>`: the load generator against any
+// OpenAI-compatible server, Baton against a peer server, the control
+// plane's per-step cost with the model taken out (src/bench/overhead.ts), and
+// structured output's mask cost per step (src/bench/mask-cost.ts).
 // serve and compare live in bench-serve.ts.
 
 import { existsSync } from "node:fs";
@@ -8,6 +9,8 @@ import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { MAIN_PHASES, THREAD_PHASES, runCompare, runOverhead, type BatchResult, type CompareResult } from "../bench/overhead.js";
 import { UsageError } from "./args.js";
+import { maskCostTable, runMaskCost } from "../bench/mask-cost.js";
+import { readModelDir } from "../config/model-dir.js";
 import { COMPARE_HELP, parseCompareArgs, parseServeBenchArgs, runCompareCommand, runServeCommand, SERVE_BENCH_HELP, type CompareArgs, type ServeBenchArgs } from "./bench-serve.js";
 
 export const BENCH_HELP = `Usage: baton bench <benchmark> [options]
@@ -18,6 +21,7 @@ Benchmarks:
   compare    run the same workload against Baton and a peer server
              (e.g. transformers serve) started one after the other
   overhead   the control plane's per-step cost with the model taken out
+  masks      structured output's cost per step at 1, 32, 128 constrained rows
 
 Run 'baton bench <benchmark> --help' for its options.
 `;
@@ -51,6 +55,59 @@ Options:
   -h, --help             show this help
 `;
 
+export const MASKS_HELP = `Usage: baton bench masks [model-dir] [options]
+
+What structured output costs per engine step with R constrained rows: the
+grammar thread advancing each row's matcher and making its token bitmask,
+the engine's round trip to it, the StepMask's encoding, and the worker
+masking [R, vocab] logits. Rows decode a nested JSON schema with random
+allowed tokens. model-dir defaults to models/demo (its tokenizer and vocab).
+
+Options:
+  --rows LIST      comma-separated R values (default 1,32,128)
+  --steps N        measured steps per R (default 50)
+  --device D       where the worker's part runs: cpu (default) or cuda
+  --regex PATTERN  decode this regular expression instead of the JSON schema
+  -h, --help       show this help
+`;
+
+export interface MasksArgs {
+  kind: "masks";
+  help: boolean;
+  modelDir: string | null;
+  rows: number[];
+  steps: number;
+  device: "cpu" | "cuda";
+  regex: string | null;
+}
+
+function parseMasksArgs(rest: readonly string[]): MasksArgs {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: [...rest],
+      allowPositionals: true,
+      strict: true,
+      options: { rows: { type: "string" }, steps: { type: "string" }, device: { type: "string" }, regex: { type: "string" }, help: { type: "boolean", short: "h" } },
+    });
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  const { values, positionals } = parsed;
+  if (positionals.length > 1) throw new UsageError(`expected at most one model directory, got ${positionals.join(" ")}`);
+  const device = values.device ?? "cpu";
+  if (device !== "cpu" && device !== "cuda") throw new UsageError(`invalid value '${device}' for --device: expected cpu or cuda`);
+  return {
+    kind: "masks",
+    help: values.help === true,
+    modelDir: positionals[0] ?? null,
+    rows: (values.rows ?? "1,32,128").split(",").map((s) => positiveInt(s.trim(), "rows")),
+    steps: values.steps === undefined ? 50 : positiveInt(values.steps, "steps"),
+    device,
+    regex: values.regex ?? null,
+  };
+}
+
 export interface OverheadArgs {
   kind: "overhead";
   help: boolean;
@@ -70,14 +127,15 @@ function positiveInt(text: string, flag: string): number {
   return n;
 }
 
-export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs;
+export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs | MasksArgs;
 
 export function parseBenchArgs(args: readonly string[]): BenchArgs {
   const [sub, ...rest] = args;
   if (sub === undefined || sub === "--help" || sub === "-h") return { kind: "list", help: true };
   if (sub === "serve") return parseServeBenchArgs(rest);
   if (sub === "compare") return parseCompareArgs(rest);
-  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead)`);
+  if (sub === "masks") return parseMasksArgs(rest);
+  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead, masks)`);
   return parseOverheadArgs(rest);
 }
 
@@ -92,6 +150,8 @@ export function benchHelp(args: BenchArgs): string {
       return SERVE_BENCH_HELP;
     case "compare":
       return COMPARE_HELP;
+    case "masks":
+      return MASKS_HELP;
   }
 }
 
@@ -210,6 +270,12 @@ export async function runBench(args: BenchArgs, repoRoot: string): Promise<numbe
       return runCompareCommand(args, repoRoot);
     case "overhead":
       return runOverheadCommand(args, repoRoot);
+    case "masks": {
+      const modelDir = args.modelDir ?? join(repoRoot, "models", "demo");
+      const results = await runMaskCost({ modelDir, rows: args.rows, steps: args.steps, device: args.device, regex: args.regex });
+      process.stdout.write(maskCostTable(results, readModelDir(modelDir).vocabSize));
+      return 0;
+    }
   }
 }
 

@@ -16,6 +16,7 @@ import { DashboardFeed } from "../frontend/dashboard/snapshot.js";
 import { serviceUnavailable } from "../frontend/openai-error.js";
 import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
+import { GrammarService } from "../structured/grammar-service.js";
 import { WorkerStartError } from "../worker/types.js";
 import type { ServeOptions } from "./args.js";
 import { createLogger, type Logger } from "../observability/logger.js";
@@ -23,6 +24,8 @@ import { BatonMetrics } from "../observability/metrics.js";
 import { ProgressBar } from "../observability/progress.js";
 
 export const DEMO_MODEL_NAME = "baton-demo";
+/** Compiled grammars the grammar thread keeps. */
+const GRAMMAR_CACHE_SIZE = 64;
 /** How long shutdown waits for open connections before moving on. */
 const CLOSE_TIMEOUT_MS = 5_000;
 
@@ -143,6 +146,23 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
 
   // A progress bar for weight loading, only where a person watches.
   const progressBar = process.stderr.isTTY ? new ProgressBar("loading weights", process.stderr) : null;
+  // The grammar engine (structured output, forced tool calls) starts while the weights load; a model without a tokenizer has no text to constrain.
+  let grammars: GrammarService | null =
+    tokenizer === null || info.tokenizerPath === null
+      ? null
+      : GrammarService.start({
+          tokenizerPath: info.tokenizerPath,
+          vocabSize: info.vocabSize ?? tokenizer.vocabSize,
+          stopTokenIds: eosIds(info, tokenizer),
+          cacheSize: GRAMMAR_CACHE_SIZE,
+        });
+  const grammarCheck: Promise<string | null> =
+    grammars === null
+      ? Promise.resolve(null)
+      : grammars.compile({ kind: "json_object", source: "" }).then(
+          () => null,
+          (error: unknown) => (error as Error).message,
+        );
   try {
     engine = await startServingEngine({
       worker: {
@@ -167,6 +187,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       engineThread: options.engineThread,
       deployment,
       signal: starting.signal,
+      grammar: grammars,
     });
     progressBar?.finish();
   } catch (error) {
@@ -194,6 +215,20 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     }
   }
   const metrics = new BatonMetrics({ modelName: name, engine, nodes: engine, maxModelLen: ready.max_model_len });
+  if (grammars !== null) {
+    // A model whose graph gives no text has nothing for a grammar to constrain (its text endpoints answer 400).
+    const servesText = outputModalities.includes("text");
+    const grammarProblem = !servesText
+      ? null
+      : ready.vocab_size !== grammars.vocabSize
+        ? `the model's logits have ${ready.vocab_size} entries, the grammar engine expected ${grammars.vocabSize}`
+        : await grammarCheck;
+    if (grammarProblem !== null) log(`structured outputs are off: ${grammarProblem}`, "warn");
+    if (!servesText || grammarProblem !== null) {
+      await grammars.close();
+      grammars = null;
+    }
+  }
   server = buildServer({
     engine,
     tokenizer,
@@ -209,6 +244,10 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     maxNumQueuedRequests: options.maxNumQueuedRequests,
     bodyLimitBytes: options.maxRequestBodyBytes,
     schedulingPolicy: options.schedulingPolicy,
+    reasoningParser: options.reasoningParser,
+    toolCallParser: options.toolCallParser,
+    enableAutoToolChoice: options.enableAutoToolChoice,
+    grammars,
     numWaiting: () => liveEngine.stats.numWaiting,
     dashboard: new DashboardFeed({
       modelName: name,

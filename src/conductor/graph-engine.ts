@@ -20,7 +20,8 @@ import { checkSubmittable, EngineCore, RequestRejectedError, type EngineConfig, 
 import type { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor, StopConditions } from "../engine/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
-import type { NamedValues, PassBatch, PassResult, PromptResult, SamplingParams, StepResultMessage, WireValue } from "../transport/messages.js";
+import type { StepMasks } from "../structured/step-masks.js";
+import type { NamedValues, PassBatch, PassResult, PromptResult, ReadyMessage, SamplingParams, StepResultMessage, WireValue } from "../transport/messages.js";
 import { Conductor, type ClientOutputMeta, type KvStart, type ReadyBatch } from "./conductor.js";
 import type { Value, Values } from "./values.js";
 import { planPublishing, type PublishPlan } from "./publish.js";
@@ -81,6 +82,12 @@ export interface GraphEngineOptions {
   wrapExecutor?: (rank: number, client: WorkerClient) => StepExecutor;
   /** Engine-core settings for kv_cache nodes; sizes come from their worker's Ready. */
   engine: Omit<EngineConfig, "maxModelLen" | "blockSize" | "numBlocks">;
+  /**
+   * Structured output: the grammar masks of the first kv_cache node's engine
+   * core (the one text requests are checked against), made for its worker's
+   * vocabulary; called once. Absent or null: requests with a grammar are refused.
+   */
+  stepMasks?: (ready: ReadyMessage) => StepMasks | null;
   /** Requests running at once (M*'s max_concurrent_requests); later ones wait in arrival order. Default: no limit. */
   maxConcurrentRequests?: number | null;
 }
@@ -167,6 +174,7 @@ export class GraphEngine implements LaneListener {
     this.publish = planPublishing(graph, this.rankOfWalkNode, 0);
     this.remoteReads = new RemoteReads(this.lanes.length, (worker, handles) => this.lanes[worker]?.release(handles));
     this.configs = graph.nodes.map(() => null);
+    let masksTaken = false;
     this.cores = graph.nodes.map((node) => {
       if (node.engine !== "kv_cache") return null;
       const ranks = new Set(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => this.rankOfWalkNode[wn.id]!));
@@ -176,7 +184,9 @@ export class GraphEngine implements LaneListener {
       if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
       const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
       this.configs[node.id] = config;
-      return new EngineCore(lane, config, { deliverStepOutputs: (emitAll) => this.deliverCoreStep(emitAll) });
+      const masks = masksTaken ? null : (options.stepMasks?.(ready) ?? null);
+      masksTaken = true;
+      return new EngineCore(lane, config, { deliverStepOutputs: (emitAll) => this.deliverCoreStep(emitAll), masks });
     });
     this.primaryCore = this.cores.find((c) => c !== null) ?? null;
     this.nodeTokenCap = graph.nodes.map((node) => {
@@ -254,6 +264,9 @@ export class GraphEngine implements LaneListener {
       throw new RequestRejectedError(`request ${req.id}: this model's prompt is not token ids (it takes ${this.graph.promptNames.join(", ")})`);
     }
     checkSubmittable(req, { ...config, vocabSize: this.lanes[0]!.ready.vocab_size });
+    if (req.grammar != null && !this.primaryCore!.takesGrammars) {
+      throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
+    }
     const live = this.track(req.id, onOutput, null, req, {});
     const prompt = new Map([[this.graph.promptNames[0]!, [{ kind: "tokens", ids: Int32Array.from(req.promptIds) } as Value]]]);
     this.start(live, () => {

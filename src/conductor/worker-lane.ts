@@ -8,9 +8,14 @@
 // crossed once per worker per step whatever the number of requests, and a
 // stateless node's pass runs in the same worker call as the decode rows of
 // the step it was ready for.
+//
+// Grammar masks (structured output) follow the engine core's step as a
+// StepMask naming the step's id; the lane renumbers steps, so it translates
+// the core's id to the wire id it sent that step under. The worker waits for
+// a mask only in a step with mask_rows, which the lane's own steps never have.
 
 import type { StepExecutor } from "../engine/types.js";
-import type { PassBatch, PromptRequest, ReadyMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
+import type { PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 import type { WorkerClient } from "../worker/types.js";
 
 /** The graph work a step carried, for matching its results (or failing them). */
@@ -38,6 +43,8 @@ export class WorkerLane implements StepExecutor {
   private inFlight = 0;
   /** Wire step ids: the lane numbers every step it sends (the engine core's and its own), strictly increasing. */
   private nextWireStepId = 0;
+  /** Engine-core step id -> wire step id, for the core's steps in flight (a worker hosts one kv_cache node, so one core). */
+  private readonly wireIds = new Map<number, number>();
   private kickScheduled = false;
 
   constructor(
@@ -88,7 +95,10 @@ export class WorkerLane implements StepExecutor {
     const work = this.attach(message);
     // The engine core counts its own steps; the worker sees the lane's numbering, the core gets its id back.
     const coreStepId = message.step_id;
-    message.step_id = this.nextWireStepId++;
+    const wireStepId = this.nextWireStepId++;
+    message.step_id = wireStepId;
+    // Only the core's steps can have masks to follow (its ids are >= 0; the lane's own are -1).
+    if (coreStepId >= 0) this.wireIds.set(coreStepId, wireStepId);
     this.inFlight++;
     const sentAt = performance.now();
     let sent: Promise<StepResultMessage>;
@@ -102,6 +112,7 @@ export class WorkerLane implements StepExecutor {
     return sent.then(
       (result) => {
         this.inFlight--;
+        this.wireIds.delete(coreStepId);
         result.step_id = coreStepId;
         if (work !== NO_WORK) this.listener.stepDone(this, work, result, performance.now() - sentAt);
         this.kick();
@@ -109,11 +120,23 @@ export class WorkerLane implements StepExecutor {
       },
       (error: unknown) => {
         this.inFlight--;
+        this.wireIds.delete(coreStepId);
         if (work !== NO_WORK) this.listener.stepFailed(this, work, error instanceof Error ? error : new Error(String(error)));
         this.kick();
         throw error;
       },
     );
+  }
+
+  /**
+   * The grammar masks of the engine core's step `mask.step_id`, sent under
+   * that step's wire id. A step no longer in flight has no worker waiting
+   * for its mask (it answered, or failed): the mask is dropped.
+   */
+  sendStepMask(mask: StepMaskMessage): void {
+    const wireStepId = this.wireIds.get(mask.step_id);
+    if (wireStepId === undefined) return;
+    this.executor.sendStepMask?.({ ...mask, step_id: wireStepId });
   }
 
   private attach(message: StepMessage): AttachedWork {
@@ -176,5 +199,6 @@ function graphOnlyStep(): StepMessage {
     batches: [],
     releases: NO_INTS,
     finished_requests: [],
+    mask_rows: NO_INTS,
   };
 }

@@ -151,9 +151,11 @@ export class EngineThread implements ServingEngine {
       deployment: options.deployment ?? null,
       recordSteps: options.recordSteps ?? false,
     };
+    const grammar = options.grammar ?? null;
+    if (grammar !== null) init.grammar = { port: grammar.connectPort(), vocabSize: grammar.vocabSize };
     // Flags about the main entry point (e.g. --input-type of `node -e`) would make the thread's own start fail.
     const execArgv = process.execArgv.filter((arg) => !arg.startsWith("--input-type"));
-    const thread = new Worker(THREAD_MAIN_URL, { workerData: init, execArgv });
+    const thread = new Worker(THREAD_MAIN_URL, { workerData: init, execArgv, transferList: init.grammar ? [init.grammar.port] : [] });
     installExitHook();
     liveThreads.add(thread);
     thread.once("exit", () => liveThreads.delete(thread));

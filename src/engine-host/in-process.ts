@@ -6,6 +6,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { GraphEngine, type GraphEventCallback, type GraphRequest, type NodeStats, type NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig, EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
+import { stepMasks } from "../structured/engine-link.js";
 import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -38,6 +39,7 @@ export class InProcessEngine implements ServingEngine {
       options.signal?.removeEventListener("abort", onAbort);
     }
     try {
+      const grammar = options.grammar ?? null;
       const engine = new GraphEngine({
         graph: started.graph,
         workers: started.workers,
@@ -45,6 +47,7 @@ export class InProcessEngine implements ServingEngine {
       maxConcurrentRequests: options.deployment?.maxConcurrentRequests ?? null,
         engine: options.engine,
         wrapExecutor: wrap === undefined ? undefined : (_rank, client) => wrap(client),
+        stepMasks: (ready) => stepMasks(grammar === null ? null : { port: grammar.connectPort(), vocabSize: grammar.vocabSize }, ready.vocab_size),
       });
       return new InProcessEngine(engine, started.workers, engineConfigOf(engine, started.workers[0]!.ready, options));
     } catch (error) {

@@ -13,6 +13,7 @@ import type { EngineStats, EngineConfig } from "../engine/engine-core.js";
 import type { EngineSettings } from "./types.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, RequestOutput } from "../engine/types.js";
+import type { MessagePort } from "node:worker_threads";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
 
@@ -24,6 +25,8 @@ export interface EngineThreadInit {
   deployment: Deployment | null;
   /** Benchmarks: time every step's phases and send them with the outputs. */
   recordSteps: boolean;
+  /** Structured output: a port to the grammar thread, and the vocabulary size its masks are made for. */
+  grammar?: { port: MessagePort; vocabSize: number } | null;
 }
 
 // ------------------------------------------------------------ main -> engine

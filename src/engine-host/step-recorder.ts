@@ -5,7 +5,7 @@
 
 import type { StepExecutor } from "../engine/types.js";
 import { codecTimings } from "../transport/channel.js";
-import type { StepMessage, StepResultMessage } from "../transport/messages.js";
+import type { StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 import type { StepRecord } from "./messages.js";
 
 export class StepRecorder implements StepExecutor {
@@ -54,6 +54,10 @@ export class StepRecorder implements StepExecutor {
         throw error;
       },
     );
+  }
+
+  sendStepMask(mask: StepMaskMessage): void {
+    this.inner.sendStepMask?.(mask);
   }
 
   /** Adds the time spent handing step `stepId`'s outputs to the frontend. */

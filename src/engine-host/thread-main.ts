@@ -19,6 +19,7 @@ import { startGraphWorkers } from "./graph-workers.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitGraphMessage, SubmitMessage } from "./messages.js";
 import { engineConfigOf, stopEngine } from "./in-process.js";
 import { StepRecorder } from "./step-recorder.js";
+import { stepMasks } from "../structured/engine-link.js";
 
 const port = parentPort;
 if (port === null) throw new Error("engine-host/thread-main.js runs only as a worker thread");
@@ -104,6 +105,8 @@ class Outbox {
 }
 
 let workers: WorkerClient[] = [];
+/** The grammar thread's port (structured output) until an engine core takes it. */
+let grammarLink = init.grammar ?? null;
 let core: GraphEngine | null = null;
 let outbox: Outbox | null = null;
 let closing = false;
@@ -145,12 +148,22 @@ async function start(): Promise<void> {
       engine: init.engine,
       onQuietChange: () => outbox?.schedule(),
       wrapExecutor: recorder === null ? undefined : (rank, client) => (rank === 0 ? recorder : client),
+      stepMasks: (ready) => {
+        // One port to the grammar thread came with the thread: it serves one engine core.
+        const grammar = grammarLink;
+        grammarLink = null;
+        return stepMasks(grammar, ready.vocab_size);
+      },
     });
   } catch (error) {
     await Promise.all(started.workers.map((w) => w.shutdown().catch(() => {})));
     post({ kind: "start-failed", stage: "engine", message: `cannot start the engine: ${(error as Error).message}`, exit: null });
     port?.close();
     return;
+  } finally {
+    // Not taken (no kv_cache node, or the start failed): nothing will ask for masks.
+    grammarLink?.port.close();
+    grammarLink = null;
   }
   const ready = started.workers[0]!.ready;
   const config = engineConfigOf(core, ready, { worker: init.worker, engine: init.engine });

@@ -7,6 +7,7 @@ import type { EngineConfig } from "../engine/engine-core.js";
 import type { EngineHandle } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { EngineStatsSource } from "../observability/metrics.js";
+import type { GrammarService } from "../structured/grammar-service.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
 
@@ -47,6 +48,8 @@ export interface ServingEngineOptions {
   engineThread?: boolean;
   /** Aborting it while the worker loads stops the start (it then rejects). */
   signal?: AbortSignal;
+  /** Structured output: the grammar thread the engine core asks for token masks (absent: requests with a grammar are refused). */
+  grammar?: GrammarService | null;
 }
 
 /** The engine could start its worker but not itself (e.g. a configuration the worker's Ready contradicts). */

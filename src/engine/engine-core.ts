@@ -50,6 +50,13 @@
 // every prompt position as its chunks run; the entries gather on the Request
 // (a prompt recomputed after preemption adds none twice) and go out once,
 // with the request's first generated token.
+//
+// Structured output (a request with a grammar, given a StepMasks): a step's
+// grammar-constrained rows are marked in the Step, and their masks go to the
+// worker in a StepMask once every earlier step's result is processed (right
+// after the previous step's tokens are applied, so the mask is made while
+// the worker runs the step's forward pass). structured/step-masks.ts explains
+// why; a request whose mask cannot be made ends with "error" after the step.
 
 import { setImmediate as yieldToEventLoop } from "node:timers/promises";
 import type { StepMessage, StepResultMessage } from "../transport/messages.js";
@@ -59,6 +66,7 @@ import { Scheduler, type SchedulerOutput } from "./scheduler.js";
 import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
+import type { MaskPlan, StepMasks } from "../structured/step-masks.js";
 import type { EngineRequest, OutputCallback, RequestOutput, RequestTiming, SchedulerConfig, StepExecutor, TokenLogprob } from "./types.js";
 
 export interface EngineConfig extends SchedulerConfig {
@@ -96,6 +104,8 @@ export interface EngineCoreOptions {
    * client outputs and one look for ready work, not one per request.
    */
   deliverStepOutputs?: (emitAll: () => void) => void;
+  /** Grammar masks for structured output (structured/step-masks.ts); absent or null: requests with a grammar are refused. */
+  masks?: StepMasks | null;
 }
 
 function runNow(emitAll: () => void): void {
@@ -106,6 +116,8 @@ function runNow(emitAll: () => void): void {
 interface InFlightStep {
   out: SchedulerOutput;
   message: StepMessage;
+  /** Its grammar-constrained rows, whose masks follow once the steps before it are processed. */
+  masks: MaskPlan | null;
   result: Promise<StepResultMessage>;
   scheduleMs: number;
   buildMs: number;
@@ -144,10 +156,15 @@ export class EngineCore {
   /** Most steps outstanding at once: 2 with overlap scheduling, else 1. */
   private readonly maxInFlight: number;
   private pendingAborts: string[] = [];
+  /** Requests to end with "error" once the step in flight is processed (their grammar mask failed). */
+  private pendingFailures = new Map<string, string>();
   private closed = false;
   private readonly deliverStepOutputs: (emitAll: () => void) => void;
+  /** Grammar masks for structured output; null: requests with a grammar are refused. */
+  private readonly masks: StepMasks | null;
 
   constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions = {}) {
+    this.masks = options.masks ?? null;
     this.config = config;
     this.deliverStepOutputs = options.deliverStepOutputs ?? runNow;
     this.executor = executor;
@@ -158,6 +175,11 @@ export class EngineCore {
     this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
     this.checkExecutor(executor);
     this.limits = { ...config, vocabSize: executor.ready.vocab_size };
+  }
+
+  /** Whether requests with a grammar (structured output) can run here. */
+  get takesGrammars(): boolean {
+    return this.masks !== null;
   }
 
   get stats(): EngineStats {
@@ -266,15 +288,18 @@ export class EngineCore {
       return false;
     }
     const message = buildStepMessage(out, this.nextStepId++);
+    const masks = this.masks?.plan(out.requests, message) ?? null;
     const t2 = performance.now();
     // In flight from here on: an abort coming in while the executor takes the step waits for its result.
-    const step: InFlightStep = { out, message, result: PENDING, scheduleMs: t1 - t0, buildMs: t2 - t1, sentAt: t2 };
+    const step: InFlightStep = { out, message, masks, result: PENDING, scheduleMs: t1 - t0, buildMs: t2 - t1, sentAt: t2 };
     this.inFlight.push(step);
     try {
       step.result = this.executor.executeStep(message);
     } catch (error) {
       step.result = Promise.reject(error);
     }
+    // Nothing before it in flight: every token its masks depend on is known.
+    if (masks !== null && this.inFlight.length === 1) this.runMasks(masks);
     // Awaited in order later; a rejection must not count as unhandled meanwhile.
     step.result.catch(() => {});
     return true;
@@ -299,6 +324,9 @@ export class EngineCore {
     this.scheduler.updateAfterStep(step.out);
     this.applyPendingAborts();
     this.deliverStepOutputs(() => this.processResult(step.out, step.message, result));
+    // The next step's constrained rows can have their masks now (the worker is running its forward pass).
+    const next = this.inFlight[0];
+    if (next?.masks && !next.masks.started) this.runMasks(next.masks);
     const t4 = performance.now();
     this.numSteps++;
     this.timings.record({
@@ -319,6 +347,8 @@ export class EngineCore {
   private async drainInFlight(): Promise<void> {
     while (this.inFlight.length > 0) {
       const step = this.inFlight.shift() as InFlightStep;
+      // A worker still alive must not wait for masks that would never come.
+      if (step.masks !== null) this.masks?.abandon(step.masks, this.executor);
       await step.result.catch(() => undefined);
       this.scheduler.deferRemoved(step.out.removedWireIds);
     }
@@ -389,12 +419,31 @@ export class EngineCore {
   private finish(request: Request): void {
     this.scheduler.finishRequest(request);
     this.requests.delete(request.id);
+    this.masks?.release(request);
   }
 
   private applyPendingAborts(): void {
     const ids = this.pendingAborts;
     this.pendingAborts = [];
     for (const id of ids) this.finishAborted(id, this.closed ? "the engine is shutting down" : null);
+    const failures = this.pendingFailures;
+    this.pendingFailures = new Map();
+    for (const [id, message] of failures) this.finishFailed(id, message);
+  }
+
+  private runMasks(plan: MaskPlan): void {
+    this.masks?.run(plan, this.executor, (request, message) => {
+      // Applied before the step's tokens are, so the unmasked token is dropped.
+      if (this.inFlight.length > 0) this.pendingFailures.set(request.id, message);
+      else this.finishFailed(request.id, message);
+    });
+  }
+
+  private finishFailed(requestId: string, message: string): void {
+    const request = this.requests.get(requestId);
+    if (request === undefined) return;
+    this.finish(request);
+    this.emit(request, endOutput(request, "error", message));
   }
 
   private finishAborted(requestId: string, error: string | null): void {
@@ -409,6 +458,7 @@ export class EngineCore {
     const message = error instanceof Error ? error.message : String(error);
     const live = [...this.requests.values()];
     this.pendingAborts = [];
+    this.pendingFailures.clear();
     for (const request of live) this.finish(request);
     this.blockManager.resetPrefixCache();
     for (const request of live) this.emit(request, endOutput(request, "error", message));
@@ -437,6 +487,7 @@ export class EngineCore {
   private validate(req: EngineRequest): void {
     if (this.closed) throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
     if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    if (req.grammar != null && !this.takesGrammars) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     checkSubmittable(req, this.limits);
   }
 

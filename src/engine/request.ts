@@ -2,6 +2,7 @@
 // request has tokens it knows (prompt + outputs) and a count of tokens whose
 // KV is computed; each step gives it tokens so the count catches up.
 
+import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
 import type { EngineRequest, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
 
@@ -17,6 +18,8 @@ export class Request {
   readonly priority: number;
   readonly arrivalMs: number;
   readonly onOutput: OutputCallback;
+  /** Structured output: the grammar of its answer (null: unconstrained). */
+  readonly grammar: RequestGrammar | null;
   /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
   readonly promptLogprobs: number;
   /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
@@ -63,6 +66,7 @@ export class Request {
     this.priority = req.priority;
     this.arrivalMs = req.arrivalMs;
     this.onOutput = onOutput;
+    this.grammar = req.grammar ?? null;
     this.promptLogprobs = req.promptLogprobs ?? -1;
     this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;

@@ -54,6 +54,8 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     batches: [],
     releases: NO_IDS,
     finished_requests: [],
+    // Grammar-constrained rows are marked by the engine core after building (structured/step-masks.ts).
+    mask_rows: NO_IDS,
   };
 }
 

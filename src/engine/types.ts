@@ -2,7 +2,8 @@
 // abort, and a per-request output callback invoked at most once per step.
 // The engine core speaks token ids only; text lives in the frontend.
 
-import type { ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../transport/messages.js";
+import type { RequestGrammar } from "../structured/answer-phase.js";
+import type { ReadyMessage, SamplingParams, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 
 export type FinishReason = "stop" | "length" | "abort" | "error";
 
@@ -28,6 +29,8 @@ export interface EngineRequest {
   priority: number;
   /** performance.now() at arrival. */
   arrivalMs: number;
+  /** Structured output: the grammar its answer must follow (compiled by the frontend first); absent or null: none. */
+  grammar?: RequestGrammar | null;
   /**
    * -1 or absent: no prompt logprobs. k >= 0: the log-probability of every
    * prompt token after the first, with the k most likely tokens at each
@@ -101,6 +104,8 @@ export interface EngineHandle {
 export interface StepExecutor {
   readonly ready: ReadyMessage;
   executeStep(step: StepMessage): Promise<StepResultMessage>;
+  /** The grammar masks of a step sent with mask_rows (the worker waits for them before sampling). */
+  sendStepMask?(mask: StepMaskMessage): void;
 }
 
 export interface SchedulerConfig {

@@ -5,6 +5,8 @@
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
+import { ChatAnswer, checkToolChoice } from "./chat-answer.js";
+import type { ChatChoiceOutput } from "./chat-output.js";
 import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason } from "./generation.js";
 import { chatLogprobs, vllmPromptLogprobs } from "./logprobs-format.js";
@@ -21,6 +23,8 @@ import {
   type StreamFormat,
   type Usage,
 } from "./run-generation.js";
+import { attachGrammar, compileRequestGrammar, toolChoiceGrammar } from "./structured-output.js";
+import { withParsedToolArguments } from "./tool-request.js";
 
 export interface ChatRenderRequest {
   messages: TemplateMessage[];
@@ -59,15 +63,32 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
+  checkToolChoice(ctx, req);
+  const forced = toolChoiceGrammar(req.tools.toolChoice, req.tools.functions, req.tools.parallelToolCalls);
+  if (forced !== null && req.structuredOutput !== null) {
+    throw badRequest(`${req.structuredOutput.param} cannot be combined with tool_choice "${req.tools.toolChoice.kind}" (its calls follow a grammar already)`, req.structuredOutput.param);
+  }
+  const grammar = forced ?? req.structuredOutput;
+  if (grammar !== null) await compileRequestGrammar(ctx, grammar, req);
+  const tools = req.tools.templateTools;
+  const prompt = renderChatPrompt(ctx, {
+    ...req,
+    messages: withParsedToolArguments(req.messages),
+    chatTemplateKwargs: tools.length > 0 ? { ...req.chatTemplateKwargs, tools } : req.chatTemplateKwargs,
+  });
   // The template writes special tokens (BOS included) as text; adding them again would double them.
-  const promptIds = await ctx.tokenizer.encode(renderChatPrompt(ctx, req), false);
+  const promptIds = await ctx.tokenizer.encode(prompt, false);
   if (promptIds.length === 0) throw badRequest("the rendered chat prompt is empty", "messages");
+  const answer = new ChatAnswer(ctx, req, prompt);
+  const genReq = answer.generationRequest;
   const id = newRequestId("chatcmpl");
-  const specs = buildChoices(ctx, id, [promptIds], req, arrivalMs);
+  const specs = buildChoices(ctx, id, [promptIds], genReq, arrivalMs);
+  if (grammar !== null) attachGrammar(specs, { spec: grammar.spec, reasoning: answer.grammarReasoning() });
   const created = unixSeconds();
   const model = ctx.servedModelName;
 
   if (req.stream) {
+    const outputs = new Map<number, ChatChoiceOutput>(specs.map((spec) => [spec.index, answer.newChoice()]));
     const chunk = (choices: object[], extra: object = {}, usage?: Usage): object => ({
       id,
       object: "chat.completion.chunk",
@@ -86,35 +107,43 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
           ),
         ),
       delta(index, delta) {
-        const choice: Record<string, unknown> = {
-          index,
-          delta: delta.text === "" ? {} : { content: delta.text },
-          logprobs: delta.logprobs ? chatLogprobs(delta.logprobs) : null,
-          finish_reason: delta.finishReason,
-        };
-        if (delta.finishReason !== null) choice.stop_reason = delta.stopReason;
-        if (req.returnTokenIds) choice.token_ids = delta.tokenIds;
-        // vLLM puts prompt_logprobs on the response; in a stream, on the first chunk with tokens.
-        return chunk([choice], delta.promptLogprobs === null ? {} : { prompt_logprobs: vllmPromptLogprobs(delta.promptLogprobs) });
+        const shown = answer.deltas(outputs.get(index) as ChatChoiceOutput, delta.text, delta.finishReason);
+        if (shown === null) return null;
+        // The step's logprobs, ids and prompt logprobs go with its first chunk, the finish reason with its last.
+        return shown.deltas.map((fields, k) => {
+          const first = k === 0;
+          const last = k === shown.deltas.length - 1;
+          const choice: Record<string, unknown> = {
+            index,
+            delta: fields,
+            logprobs: first && delta.logprobs ? chatLogprobs(delta.logprobs) : null,
+            finish_reason: last ? shown.finishReason : null,
+          };
+          if (last && delta.finishReason !== null) choice.stop_reason = delta.stopReason;
+          if (req.returnTokenIds) choice.token_ids = first ? delta.tokenIds : [];
+          // vLLM puts prompt_logprobs on the response; in a stream, on the first chunk with tokens.
+          return chunk([choice], first && delta.promptLogprobs !== null ? { prompt_logprobs: vllmPromptLogprobs(delta.promptLogprobs) } : {});
+        });
       },
       usage: (usage) => chunk([], {}, usage),
     };
-    streamGeneration(ctx, specs, req, format, reply);
+    streamGeneration(ctx, specs, genReq, format, reply);
     return reply;
   }
 
-  const result = await collectGeneration(ctx, specs, req, reply);
+  const result = await collectGeneration(ctx, specs, genReq, reply);
   return {
     id,
     object: "chat.completion",
     created,
     model,
     choices: result.choices.map((c) => {
+      const { message, finishReason } = answer.message(c.text, c.finishReason satisfies OpenAIFinishReason);
       const choice: Record<string, unknown> = {
         index: c.index,
-        message: { role: "assistant", content: c.text },
+        message,
         logprobs: c.logprobs ? chatLogprobs(c.logprobs) : null,
-        finish_reason: c.finishReason satisfies OpenAIFinishReason,
+        finish_reason: finishReason,
         stop_reason: c.stopReason,
       };
       if (req.returnTokenIds) choice.token_ids = c.tokenIds;

@@ -10,6 +10,7 @@ import type { OpenAIFinishReason, ResolvedLogprob, ResolvedPromptLogprob } from 
 import { CompletionLogprobsBuilder, generatedEntries, promptEntries, vllmPromptLogprobs, type CompletionLogprobs } from "./logprobs-format.js";
 import { badRequest } from "./openai-error.js";
 import { parseCompletionRequest } from "./request-validation.js";
+import { attachGrammar, compileRequestGrammar } from "./structured-output.js";
 import {
   buildChoices,
   checkAvailable,
@@ -72,8 +73,10 @@ export async function handleCompletion(ctx: FrontendContext, request: FastifyReq
     if (ids.length === 0) throw badRequest(`${param} must not be empty (it has no tokens)`, param);
     prompts.push(ids);
   }
+  if (req.structuredOutput !== null) await compileRequestGrammar(ctx, req.structuredOutput, req);
   const id = newRequestId("cmpl");
   const specs = buildChoices(ctx, id, prompts, req, arrivalMs);
+  if (req.structuredOutput !== null) attachGrammar(specs, { spec: req.structuredOutput.spec, reasoning: null });
   const created = unixSeconds();
   const model = ctx.servedModelName;
   const wantsLogprobs = req.logprobs >= 0;

@@ -1,8 +1,11 @@
 // What every route needs, built once by the server.
 
+import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
+import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
+import type { GrammarCompiling } from "./structured-output.js";
 import type { EngineHandle } from "../engine/types.js";
 import type { GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
@@ -21,6 +24,14 @@ export interface FrontendContext {
   /** Token ids must be below this. */
   vocabSize: number;
   registry: GenerationRegistry;
+  /** --reasoning-parser: splits chat output into reasoning_content and content; null: off. */
+  reasoningParser: ReasoningParserName | null;
+  /** --tool-call-parser: how tool_choice "auto" reads the model's calls; null: none. */
+  toolCallParser: ToolCallParserName | null;
+  /** --enable-auto-tool-choice. */
+  enableAutoToolChoice: boolean;
+  /** The grammar engine for structured output; null: such requests get a 400. */
+  grammars: GrammarCompiling | null;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
   /** A request carried fields this route ignores (logged once per field name). */

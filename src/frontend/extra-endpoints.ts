@@ -14,6 +14,7 @@ import type { FrontendContext } from "./context.js";
 import type { ResolvedLogprob } from "./generation.js";
 import { badRequest, type OpenAIErrorBody } from "./openai-error.js";
 import { parseGenerateRequest } from "./request-validation.js";
+import { attachGrammar, compileRequestGrammar } from "./structured-output.js";
 import {
   buildChoices,
   checkAvailable,
@@ -185,7 +186,9 @@ export async function handleGenerate(ctx: FrontendContext, request: FastifyReque
   if (req.prompt !== null && req.prompt !== "") promptIds.push(...(await ctx.tokenizer.encode(req.prompt, promptIds.length === 0)));
   if (promptIds.length === 0) throw badRequest("the prompt has no tokens", "prompt");
   const id = newRequestId("gen");
+  if (req.structuredOutput !== null) await compileRequestGrammar(ctx, req.structuredOutput, req);
   const specs = buildChoices(ctx, id, [promptIds], req, arrivalMs);
+  if (req.structuredOutput !== null) attachGrammar(specs, { spec: req.structuredOutput.spec, reasoning: null });
 
   if (req.stream) {
     const format: StreamFormat = {

@@ -10,6 +10,8 @@ import { z } from "zod";
 import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
 import { badRequest, type ApiError } from "./openai-error.js";
+import { parseStructuredOutput, type RequestedGrammar } from "./structured-request.js";
+import { parseToolRequest, type ToolRequest } from "./tool-request.js";
 
 export interface ValidationLimits {
   /** Token ids must be below this (the model's vocabulary size). */
@@ -57,6 +59,8 @@ export interface SamplingRequest {
   user: string | null;
   /** Scheduling priority (vLLM): lower first; 0 by default. */
   priority: number;
+  /** Structured output (response_format, structured_outputs, guided_*); null: none. */
+  structuredOutput: RequestedGrammar | null;
   /** vLLM's prompt_logprobs: -1 none, k >= 0 the prompt tokens' logprobs with k alternatives each. */
   promptLogprobs: number;
   /** Top-level body fields this endpoint does not know (ignored). */
@@ -80,6 +84,10 @@ export interface ChatRequest extends SamplingRequest {
   wantsLogprobs: boolean;
   /** Chat's top_logprobs (0 when not asked). */
   topLogprobs: number;
+  /** vLLM's include_reasoning: false drops reasoning_content (with --reasoning-parser). */
+  includeReasoning: boolean;
+  /** tools, tool_choice, parallel_tool_calls. */
+  tools: ToolRequest;
 }
 
 export interface GenerateRequest extends SamplingRequest {
@@ -127,6 +135,12 @@ const samplingShape = {
   priority: opt(int()),
   logit_bias: opt(z.record(z.unknown())),
   suffix: opt(z.string()),
+  response_format: opt(z.object({ type: z.string() }).passthrough()),
+  structured_outputs: z.unknown(),
+  guided_json: z.unknown(),
+  guided_regex: z.unknown(),
+  guided_choice: z.unknown(),
+  guided_grammar: z.unknown(),
 };
 
 const promptLogprobsShape = opt(int().min(0, `in [0, ${MAX_LOGPROBS}]`).max(MAX_LOGPROBS, `in [0, ${MAX_LOGPROBS}]`));
@@ -153,7 +167,8 @@ const chatSchema = z.object({
   tools: opt(z.array(z.unknown())),
   functions: opt(z.array(z.unknown())),
   tool_choice: z.unknown(),
-  response_format: opt(z.object({ type: z.string() }).passthrough()),
+  include_reasoning: opt(bool()),
+  parallel_tool_calls: opt(bool()),
   prompt_logprobs: promptLogprobsShape,
 });
 
@@ -253,16 +268,11 @@ function checkTokenIds(ids: readonly number[], param: string, limits: Validation
 }
 
 /** Known parameters that would change the result but are not implemented. */
-function refuseUnsupported(body: SamplingBody & { tools?: unknown[] | null; functions?: unknown[] | null; response_format?: { type: string } | null }, n: number): void {
+function refuseUnsupported(body: SamplingBody & { functions?: unknown[] | null }, n: number): void {
   if (body.best_of != null && body.best_of !== n) throw badRequest(`best_of must equal n (${n}); best_of > n is not supported`, "best_of");
   if (body.suffix != null && body.suffix !== "") throw badRequest("suffix is not supported", "suffix");
   if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) throw badRequest("logit_bias is not supported yet", "logit_bias");
-  for (const name of ["tools", "functions"] as const) {
-    const value = body[name];
-    if (value != null && value.length > 0) throw badRequest(`${name} are not supported yet`, name);
-  }
-  const format = body.response_format;
-  if (format != null && format.type !== "text") throw badRequest(`response_format ${JSON.stringify(format.type)} is not supported (only "text")`, "response_format.type");
+  if (body.functions != null && body.functions.length > 0) throw badRequest("functions are not supported; use tools", "functions");
 }
 
 function parseSampling(
@@ -310,6 +320,7 @@ function parseSampling(
     skipSpecialTokens: body.skip_special_tokens ?? true,
     user: body.user ?? null,
     priority: body.priority ?? 0,
+    structuredOutput: parseStructuredOutput(body),
     promptLogprobs: -1,
     ignoredFields,
   };
@@ -403,6 +414,8 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     chatTemplateKwargs: body.chat_template_kwargs ?? {},
     wantsLogprobs,
     topLogprobs,
+    includeReasoning: body.include_reasoning ?? true,
+    tools: parseToolRequest(body),
   };
 }
 

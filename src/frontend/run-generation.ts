@@ -52,8 +52,12 @@ export interface CollectedGeneration {
 export interface StreamFormat {
   /** Chunks sent before any generated text (chat's role chunks). */
   opening(): object[];
-  /** A chunk for one choice's text made final by one or more steps; tokenIds/logprobs cover all steps since its last chunk. */
-  delta(index: number, delta: GenerationDelta): object;
+  /**
+   * A chunk for one choice's text made final by one or more steps; tokenIds/logprobs cover all steps since its last chunk.
+   * null: nothing to show yet (the format holds the text back); the ids and logprobs travel with the next chunk. Never null with a finish reason.
+   * A list: several chunks in order (chat sends each tool-call delta in its own chunk).
+   */
+  delta(index: number, delta: GenerationDelta): object | object[] | null;
   /** The closing usage-only chunk (stream_options.include_usage). */
   usage(usage: Usage): object;
 }
@@ -233,14 +237,15 @@ export function streamGeneration(
         if (delta.logprobs) pendingLogprobs = pendingLogprobs.concat(delta.logprobs);
         if (delta.promptLogprobs) pendingPromptLogprobs = delta.promptLogprobs;
         if (delta.text === "" && delta.finishReason === null) return;
-        sse.send(
-          format.delta(spec.index, {
-            ...delta,
-            tokenIds: pendingIds,
-            logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
-            promptLogprobs: pendingPromptLogprobs,
-          }),
-        );
+        const chunk = format.delta(spec.index, {
+          ...delta,
+          tokenIds: pendingIds,
+          logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
+          promptLogprobs: pendingPromptLogprobs,
+        });
+        if (chunk === null) return;
+        if (Array.isArray(chunk)) for (const c of chunk) sse.send(c);
+        else sse.send(chunk);
         pendingIds = [];
         pendingLogprobs = [];
         pendingPromptLogprobs = null;

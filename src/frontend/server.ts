@@ -2,7 +2,10 @@
 // that fails reaches the client as an OpenAI-shaped error body.
 
 import Fastify, { type FastifyError, type FastifyInstance } from "fastify";
+import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
+import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
+import type { GrammarCompiling } from "./structured-output.js";
 import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
@@ -50,6 +53,14 @@ export interface ServerOptions {
   schedulingPolicy?: "fcfs" | "priority";
   /** The engine's waiting-queue length (for the bound); default 0. */
   numWaiting?: () => number;
+  /** --reasoning-parser (default none). */
+  reasoningParser?: ReasoningParserName | null;
+  /** --tool-call-parser (default none). */
+  toolCallParser?: ToolCallParserName | null;
+  /** --enable-auto-tool-choice (default off). */
+  enableAutoToolChoice?: boolean;
+  /** The grammar engine (structured output); absent: structured output requests get a 400. */
+  grammars?: GrammarCompiling | null;
   /** A graph of models with non-text outputs: /v1/audio/speech and multipart /generate. */
   graph?: Omit<GraphEndpointsOptions, "unavailableReason"> | null;
   /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
@@ -102,6 +113,10 @@ export function buildServer(options: ServerOptions): BatonServer {
     vocabSize: options.vocabSize,
     registry,
     unavailableReason: () => unavailable,
+    reasoningParser: options.reasoningParser ?? null,
+    toolCallParser: options.toolCallParser ?? null,
+    enableAutoToolChoice: options.enableAutoToolChoice ?? false,
+    grammars: options.grammars ?? null,
     noteIgnoredFields(route, names) {
       // Ignored like vLLM does, but said once per field name so a client's typo is visible without flooding the log.
       for (const name of names) {

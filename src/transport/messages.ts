@@ -6,7 +6,7 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -125,6 +125,7 @@ export interface PassResult {
  * Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
  * WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
  * Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
+ * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
  */
 export interface StepMessage {
   kind: "Step";
@@ -141,6 +142,16 @@ export interface StepMessage {
   batches: PassBatch[];
   releases: Int32Array;
   finished_requests: string[];
+  mask_rows: Int32Array;
+}
+
+/**
+ * bitmask: len(mask_rows) rows of ceil(vocab_size / 32) words; bit j of word w of row r allows token 32 * w + j for sampled row mask_rows[r] (xgrammar's layout). Every other token's logit becomes -inf before sampling (and before logprobs are taken).
+ */
+export interface StepMaskMessage {
+  kind: "StepMask";
+  step_id: number;
+  bitmask: Int32Array;
 }
 
 export interface PingMessage {
@@ -211,14 +222,14 @@ export interface FatalMessage {
 }
 
 /** Messages the engine sends. */
-export type EngineToWorkerMessage = StepMessage | PingMessage | ShutdownMessage;
+export type EngineToWorkerMessage = StepMessage | StepMaskMessage | PingMessage | ShutdownMessage;
 /** Messages the worker sends. */
 export type WorkerToEngineMessage = ReadyMessage | StepResultMessage | PongMessage | FatalMessage;
 export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 3,
+  protocolVersion: 4,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -326,6 +337,15 @@ export const WIRE_TABLES: WireTables = {
         { name: "batches", type: { kind: "struct[]", struct: "PassBatch", nullable: false, text: "PassBatch[]" } },
         { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "finished_requests", type: { kind: "str[]", nullable: false, text: "str[]" } },
+        { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      ],
+    },
+    StepMask: {
+      tag: "step_mask",
+      from: "engine",
+      fields: [
+        { name: "step_id", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "bitmask", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       ],
     },
     Ping: {

@@ -10,6 +10,7 @@ import {
   PROTOCOL_VERSION,
   ProtocolError,
   type ReadyMessage,
+  type StepMaskMessage,
   type StepMessage,
   type StepResultMessage,
   type WorkerToEngineMessage,
@@ -389,6 +390,12 @@ class SupervisedWorker implements WorkerClient {
       this.lastStepId = step.step_id;
       this.pending.push({ stepId: step.step_id, resolve, reject });
     });
+  }
+
+  sendStepMask(mask: StepMaskMessage): void {
+    if (!this.alive) return;
+    // A socket closed under us means the worker died: the exit path rejects the pending step.
+    void this.channel.send(mask).catch(() => {});
   }
 
   ping(timeoutMs = 5_000): Promise<number> {

@@ -45,7 +45,25 @@ describe("parseServeArgs", () => {
       asyncScheduling: true,
       schedulingPolicy: "fcfs",
       engineThread: true,
+      reasoningParser: null,
+      toolCallParser: null,
+      enableAutoToolChoice: false,
     });
+  });
+
+  test("--reasoning-parser", () => {
+    assert.equal(parseServeArgs(["--reasoning-parser", "qwen3"]).options.reasoningParser, "qwen3");
+    assert.equal(parseServeArgs(["--reasoning_parser=deepseek_r1"]).options.reasoningParser, "deepseek_r1");
+    assert.throws(() => parseServeArgs(["--reasoning-parser", "granite"]), /choose from qwen3, deepseek_r1/);
+  });
+
+  test("--enable-auto-tool-choice and --tool-call-parser", () => {
+    const { options } = parseServeArgs(["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]);
+    assert.equal(options.enableAutoToolChoice, true);
+    assert.equal(options.toolCallParser, "qwen3_coder");
+    assert.equal(parseServeArgs(["--tool-call-parser=llama3_json"]).options.enableAutoToolChoice, false);
+    assert.throws(() => parseServeArgs(["--tool-call-parser", "xml"]), /choose from hermes, llama3_json, mistral, qwen3_coder/);
+    assert.throws(() => parseServeArgs(["--enable-auto-tool-choice"]), /needs --tool-call-parser/);
   });
 
   test("--no-async-scheduling and --scheduling-policy", () => {

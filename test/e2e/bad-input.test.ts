@@ -131,8 +131,15 @@ const cases: Case[] = [
   { name: "add_generation_prompt a string", path: H, body: chat({ add_generation_prompt: "no" }), status: 400, param: "add_generation_prompt" },
   { name: "continue_final_message with add_generation_prompt", path: H, body: chat({ continue_final_message: true }), status: 400, param: "continue_final_message" },
   { name: "continue_final_message after a user message", path: H, body: chat({ continue_final_message: true, add_generation_prompt: false }), status: 400, param: "messages" },
-  { name: "tools not supported", path: H, body: chat({ tools: [{ type: "function", function: { name: "f" } }] }), status: 400, param: "tools" },
-  { name: "response_format json_object not supported", path: H, body: chat({ response_format: { type: "json_object" } }), status: 400, param: "response_format.type" },
+  { name: "tools without --enable-auto-tool-choice", path: H, body: chat({ tools: [{ type: "function", function: { name: "f" } }] }), status: 400, param: "tool_choice" },
+  { name: "response_format of an unknown type", path: H, body: chat({ response_format: { type: "xml" } }), status: 400, param: "response_format.type" },
+  {
+    name: "a JSON schema the grammar engine cannot use",
+    path: H,
+    body: chat({ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "nonsense" } } } }),
+    status: 400,
+    param: "response_format.json_schema.schema",
+  },
   // Other routes.
   { name: "tokenize without prompt", path: "/tokenize", body: { model: MODEL }, status: 400, param: "prompt" },
   { name: "tokenize prompt a number", path: "/tokenize", body: { prompt: 5 }, status: 400, param: "prompt" },

@@ -91,6 +91,7 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     batches: [],
     releases: new Int32Array(0),
     finished_requests: [],
+    mask_rows: Int32Array.from([1]),
     ...overrides,
   };
 }

@@ -109,7 +109,7 @@ describe("gen-protocol output", () => {
       /export interface ProbeMessage \{\n {2}kind: "Probe";\n {2}names: string\[\];\n {2}maybe_names: string\[\] \| null;\n {2}graph: unknown;\n {2}maybe_graph: unknown;\n {2}timings: StepTimings \| null;\n\}/,
     );
     assert.match(ts, /export type WorkerToEngineMessage = ReadyMessage \| StepResultMessage \| PongMessage \| FatalMessage \| ProbeMessage;/);
-    assert.match(ts, /export type EngineToWorkerMessage = StepMessage \| PingMessage \| ShutdownMessage;/);
+    assert.match(ts, /export type EngineToWorkerMessage = StepMessage \| StepMaskMessage \| PingMessage \| ShutdownMessage;/);
     assert.match(ts, /^\/\/ Generated from protocol\/schema\.json by scripts\/gen-protocol\.mjs — do not edit\./);
   });
 

@@ -93,7 +93,9 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     batches: small(passBatch),
     releases: i32,
     finished_requests: strs,
+    mask_rows: i32,
   }),
+  rec({ kind: fc.constant("StepMask" as const), step_id: int, bitmask: i32 }),
   rec({ kind: fc.constant("Ping" as const), nonce: int }),
   fc.constant({ kind: "Shutdown" as const }),
   rec({

@@ -109,6 +109,7 @@ export function prefillStep(stepId: number, reqId: number, prompt: number[], fir
     new_block_ids: Int32Array.from({ length: blocks }, (_, i) => firstBlock + i),
     sample: Uint8Array.from([1]),
     ...NO_GRAPH_WORK,
+    mask_rows: new Int32Array(0),
   };
 }
 
@@ -126,5 +127,6 @@ export function decodeStep(stepId: number, reqId: number, computed: number, remo
     new_block_ids: new Int32Array(0),
     sample: Uint8Array.from([1]),
     ...NO_GRAPH_WORK,
+    mask_rows: new Int32Array(0),
   };
 }

@@ -35,12 +35,13 @@ is added to `prepare_ms`, the pass batches (forward and postprocess) to
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, Mapping
 
 import numpy as np
 
 from .. import protocol
-from ..protocol import ProtocolError, Step, StepResult, StepTimings
+from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..step_runner import StepRunner
 from ..transfer.shm import ShmArena, ShmFull, ShmReader, ShmRef
 from .authoring import EngineType
@@ -56,7 +57,7 @@ from .node_runner import (
 )
 
 # Step fields that drive the KV rows: any of them non-empty needs a kv_cache node here.
-_KV_FIELDS = ("added", "removed", "req_ids", "num_new_tokens", "num_computed", "new_block_counts", "new_block_ids", "sample")
+_KV_FIELDS = ("added", "removed", "req_ids", "num_new_tokens", "num_computed", "new_block_counts", "new_block_ids", "sample", "mask_rows")
 
 
 def one_line(text: str) -> str:
@@ -103,14 +104,15 @@ class GraphStepRunner:
         if self.arena is not None:
             self.arena.close()
 
-    def execute(self, step: Step) -> StepResult:
+    def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
+        """wait_mask: how the rows' StepRunner waits for the grammar masks of a step with mask_rows."""
         t0 = time.perf_counter()
         self._release(step.releases)
         for request_id in step.finished_requests:
             self.nodes.finish_request(request_id)
         prompt_results = [self._prompt(p) for p in step.prompts]
         t1 = time.perf_counter()
-        result = self._rows(step)
+        result = self._rows(step, wait_mask)
         t2 = time.perf_counter()
         pass_results = [r for batch in step.batches for r in self._batch(batch)]
         t3 = time.perf_counter()
@@ -210,14 +212,14 @@ class GraphStepRunner:
 
     # -- 4. KV rows ---------------------------------------------------------------------
 
-    def _rows(self, step: Step) -> StepResult:
+    def _rows(self, step: Step, wait_mask: Callable[[int], StepMask] | None) -> StepResult:
         used = next((name for name in _KV_FIELDS if len(getattr(step, name))), None)
         if used is not None:
             if self.kv is None:
                 raise ProtocolError(
                     f"Step.{used}", f"worker {self.rank} hosts no kv_cache node (it hosts {', '.join(self.hosted)})"
                 )
-            return self.kv.execute(step)
+            return self.kv.execute(step, wait_mask)
         empty = np.zeros(0, np.int32)
         return StepResult(step.step_id, empty, empty, None, None, None, None, StepTimings())
 
