@@ -48,6 +48,14 @@ export interface ServeOptions {
   maxRequestBodyBytes: number;
   /** --deployment FILE.yaml (M*'s format): which worker rank runs which graph nodes. */
   deployment: string | null;
+  /** A worker that dies is restarted; this many restarts in a row, then the server gives up and exits 1. */
+  maxWorkerRestarts: number;
+  /** How often one request may be carried over to a restarted worker (0: requests on a dead worker end). */
+  maxRequestMigrations: number;
+  /** Seconds a worker may take on one step before it counts as hung; null: sized from observed step times. */
+  stepTimeoutS: number | null;
+  /** On SIGTERM/SIGINT, seconds in-flight requests get to finish before the rest are aborted. */
+  shutdownTimeoutS: number;
 }
 
 export const SERVE_DEFAULTS = {
@@ -62,6 +70,9 @@ export const SERVE_DEFAULTS = {
   loadFormat: "auto",
   logLevel: "info",
   maxNumQueuedRequests: 4096,
+  maxWorkerRestarts: 5,
+  maxRequestMigrations: 1,
+  shutdownTimeoutS: 20,
 } as const;
 
 const SERVE_FLAGS = {
@@ -91,6 +102,10 @@ const SERVE_FLAGS = {
   "log-level": { type: "string" },
   "max-num-queued-requests": { type: "string" },
   "max-request-body-bytes": { type: "string" },
+  "max-worker-restarts": { type: "string" },
+  "max-request-migrations": { type: "string" },
+  "step-timeout": { type: "string" },
+  "shutdown-timeout": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -126,6 +141,15 @@ function intFlag(value: string | undefined, flag: string, min: number, fallback:
 function intFlag(value: string | undefined, flag: string, min: number, fallback: number | undefined): number | undefined {
   if (value === undefined) return fallback;
   const n = parseHumanInt(value, flag);
+  if (n < min) throw new UsageError(`invalid value '${value}' for --${flag}: must be at least ${min}`);
+  return n;
+}
+
+/** Seconds as a plain number (fractions allowed), at least `min`. */
+function secondsFlag(value: string | undefined, flag: string, min: number): number | undefined {
+  if (value === undefined) return undefined;
+  const n = /^\d+(\.\d+)?$/.test(value.trim()) ? Number(value) : Number.NaN;
+  if (!Number.isFinite(n)) throw new UsageError(`invalid value '${value}' for --${flag}: expected a number of seconds`);
   if (n < min) throw new UsageError(`invalid value '${value}' for --${flag}: must be at least ${min}`);
   return n;
 }
@@ -212,6 +236,10 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       maxNumQueuedRequests: intFlag(values["max-num-queued-requests"], "max-num-queued-requests", 0, SERVE_DEFAULTS.maxNumQueuedRequests),
       maxRequestBodyBytes: intFlag(values["max-request-body-bytes"], "max-request-body-bytes", 1024, 64 * 1024 * 1024),
       deployment: values.deployment ?? null,
+      maxWorkerRestarts: intFlag(values["max-worker-restarts"], "max-worker-restarts", 0, SERVE_DEFAULTS.maxWorkerRestarts),
+      maxRequestMigrations: intFlag(values["max-request-migrations"], "max-request-migrations", 0, SERVE_DEFAULTS.maxRequestMigrations),
+      stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
+      shutdownTimeoutS: secondsFlag(values["shutdown-timeout"], "shutdown-timeout", 0) ?? SERVE_DEFAULTS.shutdownTimeoutS,
     },
   };
 }
@@ -257,6 +285,15 @@ Options (vLLM's names; --flag value or --flag=value):
   --scheduling-policy fcfs|priority   priority: requests with a lower \`priority\` field run first (default fcfs)
   --max-num-queued-requests N      new requests get 429 while N wait (default ${SERVE_DEFAULTS.maxNumQueuedRequests})
   --max-request-body-bytes N       larger request bodies get 413 (default 64M = 64 MiB)
+  --max-worker-restarts N          restart a dead or hung worker up to N times in a row (1 s, 2 s, 4 s ...
+                                   apart), then exit 1; 0: never (default ${SERVE_DEFAULTS.maxWorkerRestarts})
+  --max-request-migrations N       carry a request over to a restarted worker at most N times; past it, or
+                                   with 0, it ends with an error (default ${SERVE_DEFAULTS.maxRequestMigrations})
+  --step-timeout SECONDS           a worker that has not answered a step after this long is hung: killed and
+                                   restarted (default: 20x the slowest step seen, at least 60 s; 600 s for
+                                   the first steps, which may compile)
+  --shutdown-timeout SECONDS       on SIGTERM/SIGINT, new requests get 503 and in-flight ones get this long to
+                                   finish before the rest are aborted (default ${SERVE_DEFAULTS.shutdownTimeoutS}); a second signal exits at once
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

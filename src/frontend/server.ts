@@ -59,7 +59,11 @@ export interface BatonServer {
   app: FastifyInstance;
   /** Requests in flight. */
   readonly inFlight: number;
-  /** Marks the server unavailable (health 503, new requests 503); null makes it available again. */
+  /** Generation requests (text and audio, streamed or not) admitted and not finished. */
+  readonly openGenerations: number;
+  /** Resolves once no generation request is open (a draining server waits for this). */
+  generationsDone(): Promise<void>;
+  /** Marks the server unavailable (health 503, new requests 503 with Retry-After); null makes it available again. */
   setUnavailable(reason: string | null): void;
   /** Ends every request in flight with this error; their engine requests are aborted. */
   failInFlight(error: ApiError): void;
@@ -213,6 +217,12 @@ export function buildServer(options: ServerOptions): BatonServer {
     app,
     get inFlight() {
       return registry.size;
+    },
+    get openGenerations() {
+      return admission.openRequests;
+    },
+    generationsDone() {
+      return admission.idle();
     },
     setUnavailable(reason) {
       unavailable = reason;
