@@ -33,7 +33,7 @@ const STEP_TIMEOUT_FACTOR = 20;
 /** The first steps may compile kernels or capture graphs: they get this long. */
 export const FIRST_STEPS_TIMEOUT_MS = 600_000;
 const FIRST_STEPS = 8;
-/** An idle worker is pinged this often, so a hang is noticed without traffic too. */
+/** An idle worker is pinged this often (or every step timeout, if shorter), so a hang is noticed without traffic too. */
 const IDLE_PING_MS = 5_000;
 
 export interface StepClientEvents {
@@ -246,7 +246,7 @@ export class StepClient {
       }
       return;
     }
-    if (this.idlePing || now - this.lastActivity < IDLE_PING_MS) return;
+    if (this.idlePing || now - this.lastActivity < Math.min(IDLE_PING_MS, limit)) return;
     // Idle: a ping proves the worker still reads its socket.
     this.idlePing = true;
     this.ping(limit).then(
