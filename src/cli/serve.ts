@@ -122,11 +122,10 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     resolveExit = resolve;
   });
 
-  /** Stops serving: drains for up to drainMs (0: none), aborts what is left, stops the workers, exits with `code`. */
-  const stop = async (code: number, drainMs: number): Promise<void> => {
+  /** Stops serving: drains for up to drainMs (0: none), aborts what is left (503, `reason`), stops the workers, exits with `code`. */
+  const stop = async (code: number, drainMs: number, reason: string): Promise<void> => {
     stopping = true;
     if (server !== null) {
-      const reason = code === 0 ? "the server is shutting down" : "the model worker cannot be restarted; the server is stopping";
       server.setUnavailable(reason);
       if (drainMs > 0 && server.openGenerations > 0) {
         log(`draining ${server.openGenerations} request(s) for up to ${drainMs / 1000} s (--shutdown-timeout)`);
@@ -149,7 +148,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       process.exit(1);
     }
     log(`${signal} received, shutting down`);
-    await stop(0, options.shutdownTimeoutS * 1000);
+    await stop(0, options.shutdownTimeoutS * 1000, "the server is shutting down");
   };
   const onSignal = (signal: NodeJS.Signals): void => {
     void shutdown(signal);
@@ -264,7 +263,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       case "gave-up":
         log(`${event.message}; giving up`, "error");
         down.set(event.rank, event.message);
-        void stop(1, 0);
+        void stop(1, 0, `${event.message}; the server is stopping`);
         return;
     }
     liveServer.setUnavailable(down.size === 0 ? null : [...down.values()].join("; "));
