@@ -252,6 +252,7 @@ Commands:
   bench serve         load an OpenAI-compatible server, vLLM's metrics (baton bench --help)
   bench compare       the same workload against Baton and a peer server
   bench overhead      measure the control plane's per-step cost
+  bench soak          mixed load with worker faults for N minutes; fails on any leak
 
 Options:
   -h, --help          show this help (baton serve --help lists the serve flags)

@@ -6,7 +6,8 @@
 // - a crash loop that reaches --max-worker-restarts makes the server give up:
 //   the request ends with an error, the server exits 1, no process is left;
 // - a worker stopped with SIGSTOP under load is found by the step watchdog
-//   (--step-timeout), killed and restarted, and the streams complete exactly.
+//   (--step-timeout), killed and restarted, and the streams complete exactly
+//   (with the engine on the main thread: --no-engine-thread).
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
@@ -83,7 +84,8 @@ describe("a crash loop", () => {
 describe("a hung worker", () => {
   let server: RunningServer;
   before(async () => {
-    server = await startServer(["--step-timeout", "2"], 120_000, { ...process.env, OMP_NUM_THREADS: "1" });
+    // The engine on the main thread here (the other tests use the engine thread): restarts work in both placements.
+    server = await startServer(["--step-timeout", "2", "--no-engine-thread"], 120_000, { ...process.env, OMP_NUM_THREADS: "1" });
   });
   after(async () => {
     await server?.stop();
