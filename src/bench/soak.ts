@@ -236,7 +236,8 @@ async function oneRequest(base: URL, rng: SeededRandom, tally: Tally): Promise<v
         // Not JSON: keep the text.
       }
       count(tally, causeOf(response.status, message));
-      if (response.status === 503) await sleep(200);
+      // Back off while the worker restarts (the server says 5 s; a second keeps the load on).
+      if (response.status === 503) await sleep(1_000);
       return;
     }
     if (action === "collect") {

@@ -438,9 +438,12 @@ export class GraphEngine implements LaneListener {
         }
       });
     } else if (out.finished) {
-      // Ended without a token: the worker failed, or the engine aborted it (closing).
-      if (out.finishReason === "abort") this.end(req, "abort", out.error);
-      else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
+      // Ended without a token: the worker failed, or the engine aborted it (closing, or not carried over a worker death).
+      if (out.finishReason === "abort") {
+        this.end(req, "abort", out.error);
+        // The conductor forgets it too (and frees what it holds).
+        if (req.admitted) this.call(() => this.conductor.abort(out.requestId));
+      } else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
     }
     req.coreOutput = null;
     this.flushTouched();

@@ -179,7 +179,7 @@ export class EngineCore {
     const blocks = this.blockManager.counts();
     return {
       numRunning: this.scheduler.numRunning,
-      numWaiting: this.scheduler.numWaiting + this.quarantine.length,
+      numWaiting: this.scheduler.numWaiting + this.quarantine.filter((r) => !r.isFinished).length,
       numFreeBlocks: blocks.free + blocks.cached,
       numCachedBlocks: blocks.cached,
       numUsedBlocks: blocks.inUse,
