@@ -11,8 +11,8 @@
 
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { demoModelDir, processesMatching, startServer, type RunningServer } from "../e2e/harness.js";
-import { health, promptIds, streamCompletion, waitFor, waitForHealth, workerPid, type StreamProgress, type StreamResult } from "./helpers.js";
+import { processesMatching, removeDir, startServer, type RunningServer } from "../e2e/harness.js";
+import { demoModelCopy, health, promptIds, streamCompletion, waitFor, waitForHealth, workerPid, type StreamProgress, type StreamResult } from "./helpers.js";
 
 /** Not in promptIds' range: only the poisoned prompt has it. */
 const CRASH_TOKEN = 99_999;
@@ -65,7 +65,8 @@ describe("a request that crashes the worker every time", () => {
 
 describe("a crash loop", () => {
   test("past --max-worker-restarts the server gives up: the request ends with an error, exit 1, nothing left", async () => {
-    const server = await startServer(["--max-worker-restarts", "1", "--max-request-migrations", "5", "--served-model-name", "crash-loop"], 120_000, ENV);
+    const dir = demoModelCopy("crash-loop-model");
+    const server = await startServer([dir, "--max-worker-restarts", "1", "--max-request-migrations", "5", "--served-model-name", "crash-loop"], 120_000, ENV);
     try {
       const exited = new Promise<number | null>((resolve) => server.proc.once("exit", resolve));
       // It kills the first worker, then (retried alone) the restarted one: two deaths in a row, one restart allowed.
@@ -74,9 +75,10 @@ describe("a crash loop", () => {
       assert.match(poisoned.message, /died 2 times in a row \(--max-worker-restarts 1\)/);
       assert.equal(await exited, 1);
       assert.match(server.output(), /giving up/);
-      await waitFor("no worker", () => (processesMatching(demoModelDir).filter((pid) => pid !== server.proc.pid).length === 0 ? true : null), 5_000);
+      await waitFor("no worker", () => (processesMatching(dir).length === 0 ? true : null), 5_000);
     } finally {
       await server.stop();
+      removeDir(dir);
     }
   });
 });

@@ -5,20 +5,17 @@
 // without orphans.
 
 import assert from "node:assert/strict";
-import { cpSync } from "node:fs";
 import { after, describe, test } from "node:test";
-import { demoModelDir, processesMatching, removeDir, startServer, tempDir } from "../e2e/harness.js";
-import { health, promptIds, streamCompletion, waitFor, type StreamProgress } from "./helpers.js";
+import { processesMatching, removeDir, startServer } from "../e2e/harness.js";
+import { demoModelCopy, health, promptIds, streamCompletion, waitFor, type StreamProgress } from "./helpers.js";
 
 const ENV = { ...process.env, OMP_NUM_THREADS: "1" };
 const dirs: string[] = [];
 after(() => dirs.forEach(removeDir));
 
-/** A copy of the demo model, so that its worker processes can be told apart from other tests'. */
 function modelCopy(): string {
-  const dir = tempDir("drain-model");
+  const dir = demoModelCopy("drain-model");
   dirs.push(dir);
-  cpSync(demoModelDir, dir, { recursive: true });
   return dir;
 }
 

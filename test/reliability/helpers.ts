@@ -2,8 +2,8 @@
 // real HTTP with their text, token ids and how they ended; the server's
 // model-worker processes (found under /proc); /health polling.
 
-import { readdirSync, readFileSync } from "node:fs";
-import type { RunningServer } from "../e2e/harness.js";
+import { cpSync, readdirSync, readFileSync } from "node:fs";
+import { demoModelDir, tempDir, type RunningServer } from "../e2e/harness.js";
 
 export interface StreamResult {
   status: number;
@@ -20,6 +20,16 @@ export interface StreamResult {
 
 export interface StreamProgress {
   tokens: number;
+}
+
+/**
+ * A copy of the demo model in a fresh directory (the caller removes it), so
+ * that this test's worker processes can be told apart from other suites'.
+ */
+export function demoModelCopy(tag: string): string {
+  const dir = tempDir(tag);
+  cpSync(demoModelDir, dir, { recursive: true });
+  return dir;
 }
 
 /** Deterministic prompt ids in a plain-text range of the Qwen3 vocabulary. */
