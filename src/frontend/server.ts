@@ -187,7 +187,22 @@ export function buildServer(options: ServerOptions): BatonServer {
   });
   app.get("/v1/models", async () => listModels(card));
   app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
-  const graph: GraphEndpointsOptions | null = options.graph ? { ...options.graph, unavailableReason: () => unavailable } : null;
+  const graphEngine = options.graph?.engine;
+  const graph: GraphEndpointsOptions | null =
+    options.graph && graphEngine
+      ? {
+          ...options.graph,
+          // A graph request stops counting as queued by the frontend once the engine has it (as text requests do).
+          engine: {
+            submitGraph: (req, onEvent) => {
+              admission.releaseCurrent();
+              graphEngine.submitGraph(req, onEvent);
+            },
+            abort: (id) => graphEngine.abort(id),
+          },
+          unavailableReason: () => unavailable,
+        }
+      : null;
   // A model without text output (a speech model) answers the text endpoints with a 400 saying why.
   const textContext = (): FrontendContext => {
     if (ctx !== null) return ctx;
