@@ -302,7 +302,7 @@ export class WorkerSupervisor {
 
   private constructor(
     readonly rank: number,
-    /** Options of restarted incarnations (no progress reporting: the bar was for the first load). */
+    /** Options of restarted incarnations: the first one's sizes, no progress reporting (the bar was for the first load). */
     private readonly options: WorkerOptions,
     first: WorkerClient,
     private readonly policy: RestartPolicy,
@@ -316,7 +316,14 @@ export class WorkerSupervisor {
   static async start(rank: number, options: WorkerOptions, policy: RestartPolicy, onEvent: (event: WorkerEvent) => void, signal?: AbortSignal): Promise<WorkerSupervisor> {
     const first = await startWorker(options, signal);
     const { onLoadProgress: _bar, ...rest } = options;
-    return new WorkerSupervisor(rank, rest, first, policy, onEvent);
+    // A restarted worker must fit the engine sized from the first one: same KV block count, same length limit.
+    const ready = first.ready;
+    const again: WorkerOptions = {
+      ...rest,
+      ...(ready.max_model_len > 0 ? { maxModelLen: ready.max_model_len } : {}),
+      ...(ready.num_blocks > 0 ? { numBlocks: ready.num_blocks, kvCacheMemoryBytes: undefined } : {}),
+    };
+    return new WorkerSupervisor(rank, again, first, policy, onEvent);
   }
 
   /** The current incarnation (dead while a restart is pending). */
