@@ -123,6 +123,12 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
   return parseOverheadArgs(rest);
 }
 
+function nonNegativeInt(text: string, flag: string): number {
+  const n = Number(text);
+  if (!Number.isSafeInteger(n) || n < 0) throw new UsageError(`invalid value '${text}' for --${flag}: expected a non-negative integer`);
+  return n;
+}
+
 function nonNegativeNumber(text: string, flag: string, min = 0): number {
   const n = /^\d+(\.\d+)?$/.test(text.trim()) ? Number(text) : Number.NaN;
   if (!Number.isFinite(n) || n < min) throw new UsageError(`invalid value '${text}' for --${flag}: expected a number of at least ${min}`);
@@ -159,7 +165,7 @@ function parseSoakArgs(rest: readonly string[]): SoakArgs {
     concurrency: values.concurrency === undefined ? 16 : positiveInt(values.concurrency, "concurrency"),
     faultIntervalS: values["fault-interval"] === undefined ? 20 : nonNegativeNumber(values["fault-interval"], "fault-interval"),
     stepTimeoutS: values["step-timeout"] === undefined ? 5 : nonNegativeNumber(values["step-timeout"], "step-timeout", 0.1),
-    seed: values.seed === undefined ? 0 : nonNegativeNumber(values.seed, "seed"),
+    seed: values.seed === undefined ? 0 : nonNegativeInt(values.seed, "seed"),
     json: values.json === true,
   };
 }
