@@ -25,6 +25,18 @@ from .orphan import protect_against_orphaning
 
 LINGER_MS = 1000
 
+# Test-only: with BATON_TEST_CRASH_TOKEN=<id> set, a step that adds a request
+# whose tokens contain that id makes the worker exit at once (code 86, no
+# Fatal), as a request that crashes the worker would. Off unless the variable
+# is set; the reliability tests use it for "a request that kills the worker
+# every time it runs".
+CRASH_EXIT_CODE = 86
+
+
+def crash_token_from_env() -> int | None:
+    value = os.environ.get("BATON_TEST_CRASH_TOKEN")
+    return int(value) if value else None
+
 
 class Channel:
     """The worker's two sockets."""
@@ -93,10 +105,13 @@ def fail(channel: Channel | None, message: str) -> int:
     return 1
 
 
-def serve(channel: Channel, runner) -> int:
+def serve(channel: Channel, runner, crash_token: int | None = None) -> int:
     while True:
         message = channel.next_message()
         if isinstance(message, protocol.Step):
+            if crash_token is not None and any(crash_token in added.token_ids for added in message.added):
+                print(f"baton_worker: BATON_TEST_CRASH_TOKEN {crash_token} seen: exiting {CRASH_EXIT_CODE} (test-only)", file=sys.stderr, flush=True)
+                os._exit(CRASH_EXIT_CODE)
             channel.send(runner.execute(message, channel.wait_mask))
         elif isinstance(message, protocol.Ping):
             channel.send(protocol.Pong(message.nonce))
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(channel, one_line(error))
     channel.send(loaded.ready)
     try:
-        return serve(channel, loaded.graph_runner)
+        return serve(channel, loaded.graph_runner, crash_token_from_env())
     except protocol.ProtocolError as error:
         return fail(channel, one_line(error))
     except Exception as error:

@@ -103,6 +103,15 @@ export class ServerProcess {
     return server;
   }
 
+  get pid(): number {
+    return this.child.pid as number;
+  }
+
+  /** The exit code once it has exited (null: still running, or killed by a signal). */
+  get exitCode(): number | null {
+    return this.child.exitCode;
+  }
+
   /** The last lines the server printed. */
   outputTail(lines = 20): string {
     return this.output.trimEnd().split("\n").slice(-lines).join("\n");

@@ -58,6 +58,14 @@ export interface ServeOptions {
   deployment: string | null;
   /** --shm-bytes N: each worker's shared-memory arena in a split deployment (default: a share of /dev/shm). */
   shmBytes: number | undefined;
+  /** A worker that dies is restarted; this many restarts in a row, then the server gives up and exits 1. */
+  maxWorkerRestarts: number;
+  /** How often one request may be carried over to a restarted worker (0: requests on a dead worker end). */
+  maxRequestMigrations: number;
+  /** Seconds a worker may take on one step before it counts as hung; null: sized from observed step times. */
+  stepTimeoutS: number | null;
+  /** On SIGTERM/SIGINT, seconds in-flight requests get to finish before the rest are aborted. */
+  shutdownTimeoutS: number;
 }
 
 export const SERVE_DEFAULTS = {
@@ -72,6 +80,9 @@ export const SERVE_DEFAULTS = {
   loadFormat: "auto",
   logLevel: "info",
   maxNumQueuedRequests: 4096,
+  maxWorkerRestarts: 5,
+  maxRequestMigrations: 1,
+  shutdownTimeoutS: 20,
 } as const;
 
 const SERVE_FLAGS = {
@@ -105,6 +116,10 @@ const SERVE_FLAGS = {
   "reasoning-parser": { type: "string" },
   "tool-call-parser": { type: "string" },
   "enable-auto-tool-choice": { type: "boolean" },
+  "max-worker-restarts": { type: "string" },
+  "max-request-migrations": { type: "string" },
+  "step-timeout": { type: "string" },
+  "shutdown-timeout": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -140,6 +155,15 @@ function intFlag(value: string | undefined, flag: string, min: number, fallback:
 function intFlag(value: string | undefined, flag: string, min: number, fallback: number | undefined): number | undefined {
   if (value === undefined) return fallback;
   const n = parseHumanInt(value, flag);
+  if (n < min) throw new UsageError(`invalid value '${value}' for --${flag}: must be at least ${min}`);
+  return n;
+}
+
+/** Seconds as a plain number (fractions allowed), at least `min`. */
+function secondsFlag(value: string | undefined, flag: string, min: number): number | undefined {
+  if (value === undefined) return undefined;
+  const n = /^\d+(\.\d+)?$/.test(value.trim()) ? Number(value) : Number.NaN;
+  if (!Number.isFinite(n)) throw new UsageError(`invalid value '${value}' for --${flag}: expected a number of seconds`);
   if (n < min) throw new UsageError(`invalid value '${value}' for --${flag}: must be at least ${min}`);
   return n;
 }
@@ -234,6 +258,10 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       enableAutoToolChoice: values["enable-auto-tool-choice"] === true,
       deployment: values.deployment ?? null,
       shmBytes: intFlag(values["shm-bytes"], "shm-bytes", 1, undefined),
+      maxWorkerRestarts: intFlag(values["max-worker-restarts"], "max-worker-restarts", 0, SERVE_DEFAULTS.maxWorkerRestarts),
+      maxRequestMigrations: intFlag(values["max-request-migrations"], "max-request-migrations", 0, SERVE_DEFAULTS.maxRequestMigrations),
+      stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
+      shutdownTimeoutS: secondsFlag(values["shutdown-timeout"], "shutdown-timeout", 0) ?? SERVE_DEFAULTS.shutdownTimeoutS,
     },
   };
 }
@@ -246,6 +274,7 @@ Commands:
   bench serve         load an OpenAI-compatible server, vLLM's metrics (baton bench --help)
   bench compare       the same workload against Baton and a peer server
   bench overhead      measure the control plane's per-step cost
+  bench soak          mixed load with worker faults for N minutes; fails on any leak
 
 Options:
   -h, --help          show this help (baton serve --help lists the serve flags)
@@ -288,6 +317,15 @@ Options (vLLM's names; --flag value or --flag=value):
   --shm-bytes N                    each worker's shared-memory arena for tensors that cross between
                                    workers of a deployment (default: a quarter of /dev/shm, at most
                                    2 GiB, split between the workers)
+  --max-worker-restarts N          restart a dead or hung worker up to N times in a row (1 s, 2 s, 4 s ...
+                                   apart), then exit 1; 0: never (default ${SERVE_DEFAULTS.maxWorkerRestarts})
+  --max-request-migrations N       carry a request over to a restarted worker at most N times; past it, or
+                                   with 0, it ends with an error (default ${SERVE_DEFAULTS.maxRequestMigrations})
+  --step-timeout SECONDS           a worker that has not answered a step after this long is hung: killed and
+                                   restarted (default: 20x the slowest step seen, at least 60 s; 600 s for
+                                   the first steps, which may compile)
+  --shutdown-timeout SECONDS       on SIGTERM/SIGINT, new requests get 503 and in-flight ones get this long to
+                                   finish before the rest are aborted (default ${SERVE_DEFAULTS.shutdownTimeoutS}); a second signal exits at once
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

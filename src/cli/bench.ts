@@ -11,6 +11,7 @@ import { MAIN_PHASES, THREAD_PHASES, runCompare, runOverhead, type BatchResult, 
 import { UsageError } from "./args.js";
 import { maskCostTable, runMaskCost } from "../bench/mask-cost.js";
 import { readModelDir } from "../config/model-dir.js";
+import { runSoak, soakReport } from "../bench/soak.js";
 import { COMPARE_HELP, parseCompareArgs, parseServeBenchArgs, runCompareCommand, runServeCommand, SERVE_BENCH_HELP, type CompareArgs, type ServeBenchArgs } from "./bench-serve.js";
 
 export const BENCH_HELP = `Usage: baton bench <benchmark> [options]
@@ -22,6 +23,8 @@ Benchmarks:
              (e.g. transformers serve) started one after the other
   overhead   the control plane's per-step cost with the model taken out
   masks      structured output's cost per step at 1, 32, 128 constrained rows
+  soak       N minutes of mixed load while the worker is killed and stopped
+             at random; fails on any leak
 
 Run 'baton bench <benchmark> --help' for its options.
 `;
@@ -108,6 +111,44 @@ function parseMasksArgs(rest: readonly string[]): MasksArgs {
   };
 }
 
+export const SOAK_HELP = `Usage: baton bench soak [model-dir] [options]
+
+Starts baton serve (model-dir defaults to models/demo) and drives it for N
+minutes with mixed load: streamed and collected completions at temperatures
+0 and 1, clients that disconnect mid-stream, and bad requests. Meanwhile the
+model worker is killed (SIGKILL) or stopped (SIGSTOP, found by the step
+watchdog) at random, one fault at a time. At the end, once idle: every KV
+block must be free, no graph tensor held, one worker process and no orphan,
+the server's file descriptors and the memory of every process flat, and
+every request must have ended with its tokens or with an error that says
+why (a 503 while the worker restarts, an error for a request a death ended).
+Then a drain (SIGTERM) must end in exit 0. Prints requests served, errors
+by cause, faults, restarts, free KV blocks and RSS at start and end; exits
+1 on any leak or unexplained failure.
+
+Options:
+  --minutes N            how long the load runs (default 1; fractions allowed)
+  --concurrency C        clients sending back to back (default 16)
+  --fault-interval S     mean seconds between faults, exponentially spread
+                         (default 20; 0: no faults)
+  --step-timeout S       the server's --step-timeout (default 5)
+  --seed N               the load's and the faults' random seed (default 0)
+  --json                 print the result as one JSON object
+  -h, --help             show this help
+`;
+
+export interface SoakArgs {
+  kind: "soak";
+  help: boolean;
+  modelDir: string | null;
+  minutes: number;
+  concurrency: number;
+  faultIntervalS: number;
+  stepTimeoutS: number;
+  seed: number;
+  json: boolean;
+}
+
 export interface OverheadArgs {
   kind: "overhead";
   help: boolean;
@@ -127,7 +168,7 @@ function positiveInt(text: string, flag: string): number {
   return n;
 }
 
-export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs | MasksArgs;
+export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs | MasksArgs | SoakArgs;
 
 export function parseBenchArgs(args: readonly string[]): BenchArgs {
   const [sub, ...rest] = args;
@@ -135,8 +176,56 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
   if (sub === "serve") return parseServeBenchArgs(rest);
   if (sub === "compare") return parseCompareArgs(rest);
   if (sub === "masks") return parseMasksArgs(rest);
-  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead, masks)`);
+  if (sub === "soak") return parseSoakArgs(rest);
+  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead, masks, soak)`);
   return parseOverheadArgs(rest);
+}
+
+function nonNegativeInt(text: string, flag: string): number {
+  const n = Number(text);
+  if (!Number.isSafeInteger(n) || n < 0) throw new UsageError(`invalid value '${text}' for --${flag}: expected a non-negative integer`);
+  return n;
+}
+
+function nonNegativeNumber(text: string, flag: string, min = 0): number {
+  const n = /^\d+(\.\d+)?$/.test(text.trim()) ? Number(text) : Number.NaN;
+  if (!Number.isFinite(n) || n < min) throw new UsageError(`invalid value '${text}' for --${flag}: expected a number of at least ${min}`);
+  return n;
+}
+
+function parseSoakArgs(rest: readonly string[]): SoakArgs {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: [...rest],
+      allowPositionals: true,
+      strict: true,
+      options: {
+        minutes: { type: "string" },
+        concurrency: { type: "string" },
+        "fault-interval": { type: "string" },
+        "step-timeout": { type: "string" },
+        seed: { type: "string" },
+        json: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  const { values, positionals } = parsed;
+  if (positionals.length > 1) throw new UsageError(`expected at most one model directory, got ${positionals.join(" ")}`);
+  return {
+    kind: "soak",
+    help: values.help === true,
+    modelDir: positionals[0] ?? null,
+    minutes: values.minutes === undefined ? 1 : nonNegativeNumber(values.minutes, "minutes", 0.05),
+    concurrency: values.concurrency === undefined ? 16 : positiveInt(values.concurrency, "concurrency"),
+    faultIntervalS: values["fault-interval"] === undefined ? 20 : nonNegativeNumber(values["fault-interval"], "fault-interval"),
+    stepTimeoutS: values["step-timeout"] === undefined ? 5 : nonNegativeNumber(values["step-timeout"], "step-timeout", 0.1),
+    seed: values.seed === undefined ? 0 : nonNegativeInt(values.seed, "seed"),
+    json: values.json === true,
+  };
 }
 
 /** The help text for what was asked. */
@@ -152,6 +241,8 @@ export function benchHelp(args: BenchArgs): string {
       return COMPARE_HELP;
     case "masks":
       return MASKS_HELP;
+    case "soak":
+      return SOAK_HELP;
   }
 }
 
@@ -276,7 +367,29 @@ export async function runBench(args: BenchArgs, repoRoot: string): Promise<numbe
       process.stdout.write(maskCostTable(results, readModelDir(modelDir).vocabSize));
       return 0;
     }
+    case "soak":
+      return runSoakCommand(args, repoRoot);
   }
+}
+
+async function runSoakCommand(args: SoakArgs, repoRoot: string): Promise<number> {
+  const modelDir = args.modelDir ?? join(repoRoot, "models", "demo");
+  if (!existsSync(join(modelDir, "config.json"))) {
+    process.stderr.write(`baton: ${join(modelDir, "config.json")} is missing (run npm run setup for the demo model)\n`);
+    return 1;
+  }
+  const result = await runSoak({
+    repoRoot,
+    modelDir,
+    minutes: args.minutes,
+    concurrency: args.concurrency,
+    faultIntervalS: args.faultIntervalS,
+    stepTimeoutS: args.stepTimeoutS,
+    seed: args.seed,
+    log: (line) => void process.stderr.write(`soak: ${line}\n`),
+  });
+  process.stdout.write(args.json ? `${JSON.stringify(result)}\n` : soakReport(result));
+  return result.problems.length === 0 ? 0 : 1;
 }
 
 async function runOverheadCommand(args: OverheadArgs, repoRoot: string): Promise<number> {

@@ -52,7 +52,7 @@ export async function main(argv: readonly string[]): Promise<number> {
     } catch (error) {
       if (error instanceof UsageError) {
         // One line: load generators are scripted, and their logs are grepped.
-        const sub = ["serve", "compare", "overhead"].includes(rest[0] ?? "") ? `${rest[0]} ` : "";
+        const sub = ["serve", "compare", "overhead", "soak"].includes(rest[0] ?? "") ? `${rest[0]} ` : "";
         process.stderr.write(`baton: ${error.message} (see baton bench ${sub}--help)\n`);
         return 2;
       }

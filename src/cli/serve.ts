@@ -1,7 +1,12 @@
 // `baton serve`: model directory -> tokenizer and chat template -> Python
 // worker -> engine core -> HTTP server. Owns the process's lifecycle: one
-// start-up line when ready, a clean exit 0 on SIGINT/SIGTERM, exit 1 with the
-// worker's own message when it cannot start, and no worker left behind.
+// start-up line when ready; exit 1 with the worker's own message when it
+// cannot start; while a worker is down and restarting, /health and new
+// requests answer 503 saying why (in-flight requests are carried over by the
+// engine); exit 1 when restarts give up; on SIGINT/SIGTERM a drain (new
+// requests 503 with Retry-After, in-flight ones finish within
+// --shutdown-timeout, the rest are aborted) and exit 0; a second signal exits
+// at once. No worker is left behind in any case.
 
 import { existsSync } from "node:fs";
 import type { AddressInfo } from "node:net";
@@ -18,6 +23,7 @@ import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
 import { GrammarService } from "../structured/grammar-service.js";
 import { WorkerStartError } from "../worker/types.js";
+import type { WorkerHealthEvent } from "../engine-host/types.js";
 import type { ServeOptions } from "./args.js";
 import { createLogger, type Logger } from "../observability/logger.js";
 import { BatonMetrics } from "../observability/metrics.js";
@@ -119,24 +125,33 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     resolveExit = resolve;
   });
 
-  const shutdown = async (signal: NodeJS.Signals): Promise<void> => {
-    if (stopping) {
-      // A second signal: stop waiting (the supervisor's exit hook kills the worker).
-      log(`${signal} again, exiting now`);
-      process.exit(1);
-    }
+  /** Stops serving: drains for up to drainMs (0: none), aborts what is left (503, `reason`), stops the workers, exits with `code`. */
+  const stop = async (code: number, drainMs: number, reason: string): Promise<void> => {
     stopping = true;
-    log(`${signal} received, shutting down`);
     if (server !== null) {
-      server.setUnavailable("the server is shutting down");
-      server.failInFlight(serviceUnavailable("the server is shutting down"));
+      server.setUnavailable(reason);
+      if (drainMs > 0 && server.openGenerations > 0) {
+        log(`draining ${server.openGenerations} request(s) for up to ${drainMs / 1000} s (--shutdown-timeout)`);
+        const drained = await Promise.race([server.generationsDone().then(() => true), sleep(drainMs, false, { ref: false })]);
+        if (!drained) log(`${server.openGenerations} request(s) still running after ${drainMs / 1000} s; aborting them`, "warn");
+      }
+      server.failInFlight(serviceUnavailable(reason));
       await Promise.race([server.app.close(), sleep(CLOSE_TIMEOUT_MS, undefined, { ref: false })]);
     }
-    // Ends live requests, then shuts the model worker down (its own grace period bounds this).
+    // Ends live requests, then shuts the model workers down (their own grace period bounds this).
     if (engine !== null) await engine.close().catch(() => {});
     // A worker still loading when the signal came is stopped through the start's signal.
     starting.abort();
-    resolveExit(0);
+    resolveExit(code);
+  };
+  const shutdown = async (signal: NodeJS.Signals): Promise<void> => {
+    if (stopping) {
+      // A second signal: stop waiting (the exit hooks kill the workers and close their sockets).
+      log(`${signal} again, exiting now`);
+      process.exit(1);
+    }
+    log(`${signal} received, shutting down`);
+    await stop(0, options.shutdownTimeoutS * 1000, "the server is shutting down");
   };
   const onSignal = (signal: NodeJS.Signals): void => {
     void shutdown(signal);
@@ -177,14 +192,17 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         seed: options.seed,
         loadFormat: options.loadFormat,
         onLoadProgress: progressBar?.update,
+        stepTimeoutMs: options.stepTimeoutS === null ? undefined : options.stepTimeoutS * 1000,
       },
       engine: {
         maxNumSeqs: options.maxNumSeqs,
         maxNumBatchedTokens: options.maxNumBatchedTokens,
         enablePrefixCaching: options.enablePrefixCaching,
         asyncScheduling: options.asyncScheduling,
+        maxRequestMigrations: options.maxRequestMigrations,
       },
       engineThread: options.engineThread,
+      restart: { maxRestarts: options.maxWorkerRestarts },
       deployment,
       signal: starting.signal,
       grammar: grammars,
@@ -265,13 +283,30 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   });
   const liveServer = server;
   const liveEngine = engine;
-  engine.onWorkerDeath((exit) => {
+  // Ranks whose worker is down, with why: the server is unavailable while any is.
+  const down = new Map<number, string>();
+  const ranks = engine.pids.length;
+  engine.onWorkerEvent((event: WorkerHealthEvent) => {
     if (stopping) return;
-    // Restarting comes later; until then the server stays up and says why it cannot serve.
-    const reason = `the model worker died (${exit.signal ?? `exit code ${exit.code}`}): ${exit.message}`;
-    log(reason, "error");
-    liveServer.setUnavailable(reason);
-    liveServer.failInFlight(serviceUnavailable(reason));
+    const which = ranks === 1 ? "the model worker" : `the model worker of rank ${event.rank}`;
+    switch (event.kind) {
+      case "down": {
+        const reason = `${which} died: ${event.exit.summary}; restarting it in ${event.restartInMs / 1000} s`;
+        log(reason, "error");
+        down.set(event.rank, reason);
+        break;
+      }
+      case "up":
+        log(`${which} is serving again (pid ${event.pid}, restart ${event.restarts})`);
+        down.delete(event.rank);
+        break;
+      case "gave-up":
+        log(`${event.message}; giving up`, "error");
+        down.set(event.rank, event.message);
+        void stop(1, 0, `${event.message}; the server is stopping`);
+        return;
+    }
+    liveServer.setUnavailable(down.size === 0 ? null : [...down.values()].join("; "));
   });
 
   try {

@@ -51,8 +51,8 @@ export interface GraphRequest {
 export type GraphEvent =
   | { kind: "chunk"; name: string; modality: string; data: Uint8Array; metadata: Readonly<Record<string, unknown>> }
   | { kind: "done" }
-  /** status: 400 when the request itself is at fault (its prompt cannot run), else 500. */
-  | { kind: "error"; message: string; status: 400 | 500 };
+  /** status: 400 when the request itself is at fault (its prompt cannot run), 503 when a worker it used died, else 500. */
+  | { kind: "error"; message: string; status: 400 | 500 | 503 };
 
 export type GraphEventCallback = (event: GraphEvent) => void;
 
@@ -122,8 +122,8 @@ interface LiveRequest {
   endError: string | null;
   /** kv_cache nodes whose engine-core request the conductor stopped. */
   kvStopped: boolean;
-  /** Graph requests: the HTTP status of an error before any output (400: the request cannot run). */
-  endStatus: 400 | 500;
+  /** Graph requests: the HTTP status of an error before any output (400: the request cannot run; 503: a worker died). */
+  endStatus: 400 | 500 | 503;
 }
 
 const DEFAULT_STOP: StopConditions = { maxTokens: 1, eosTokenIds: [], stopTokenIds: [], ignoreEos: false, minTokens: 0 };
@@ -134,6 +134,8 @@ export class GraphEngine implements LaneListener {
   readonly lanes: readonly WorkerLane[];
   /** Engine core per kv_cache node id (null for stateless nodes). */
   private readonly cores: (EngineCore | null)[];
+  /** The lane of each kv_cache node's engine core, by node id. */
+  private readonly coreLanes: (WorkerLane | null)[];
   private readonly primaryCore: EngineCore | null;
   private readonly configs: (EngineConfig | null)[];
   private readonly live = new Map<string, LiveRequest>();
@@ -175,6 +177,7 @@ export class GraphEngine implements LaneListener {
     this.remoteReads = new RemoteReads(this.lanes.length, (worker, handles) => this.lanes[worker]?.release(handles));
     this.configs = graph.nodes.map(() => null);
     let masksTaken = false;
+    this.coreLanes = graph.nodes.map(() => null);
     this.cores = graph.nodes.map((node) => {
       if (node.engine !== "kv_cache") return null;
       const ranks = new Set(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => this.rankOfWalkNode[wn.id]!));
@@ -184,6 +187,7 @@ export class GraphEngine implements LaneListener {
       if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
       const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
       this.configs[node.id] = config;
+      this.coreLanes[node.id] = lane;
       const masks = masksTaken ? null : (options.stepMasks?.(ready) ?? null);
       masksTaken = true;
       return new EngineCore(lane, config, { deliverStepOutputs: (emitAll) => this.deliverCoreStep(emitAll), masks });
@@ -355,6 +359,7 @@ export class GraphEngine implements LaneListener {
 
   private checkNew(id: string): void {
     if (this.closed) throw new RequestRejectedError(`request ${id}: the engine is shutting down`);
+    if (this.goneReason !== null) throw new RequestRejectedError(`request ${id}: ${this.goneReason}`);
     if (this.live.has(id)) throw new RequestRejectedError(`request ${id}: a request with this id is already running`);
   }
 
@@ -565,9 +570,12 @@ export class GraphEngine implements LaneListener {
       else this.call(() => this.kvTokens(req, node, out));
       this.currentOutput = null;
     } else if (out.finished) {
-      // Ended without a token: the worker failed, or the engine aborted it (closing).
-      if (out.finishReason === "abort") this.end(req, "abort", out.error);
-      else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
+      // Ended without a token: the worker failed, or the engine aborted it (closing, or not carried over a worker death).
+      if (out.finishReason === "abort") {
+        this.end(req, "abort", out.error);
+        // The conductor forgets it too (and frees what it holds).
+        if (req.admitted) this.call(() => this.conductor.abort(out.requestId));
+      } else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
     }
     // Text requests keep it until their client output is flushed; graph requests' events do not use it.
     if (!this.busy || req.onOutput === null) req.coreOutput = null;
@@ -656,6 +664,53 @@ export class GraphEngine implements LaneListener {
       outputs.set(chunk.name, list);
     }
     this.call(() => this.conductor.completePass(passId, outputs, result.stops));
+  }
+
+  // ------------------------------------------------------------ worker deaths and restarts
+
+  private goneReason: string | null = null;
+
+  /**
+   * Rank `rank`'s worker died (`reason`: one line) and its supervisor is restarting it. Graph
+   * requests end with a 503 error (what they hold on that worker is gone; the
+   * conductor releases what they hold on the others); text requests of the
+   * kv_cache nodes it hosts are carried over by their engine cores, which
+   * recompute them on the restarted worker (or end them, past
+   * --max-request-migrations).
+   */
+  workerLost(rank: number, reason: string): void {
+    const message = `the model worker of rank ${rank} died: ${reason}`;
+    const graphRequests = [...this.live.values()].filter((r) => r.onEvent !== null && !r.ended);
+    for (const req of graphRequests) req.endStatus = 503;
+    this.lanes[rank]!.workerLost(new Error(message));
+    for (const req of graphRequests) {
+      if (req.ended) continue;
+      if (req.admitted) this.call(() => this.conductor.failRequest(req.id, message));
+      else this.end(req, "error", message);
+    }
+    this.coresOn(rank).forEach((core) => core.executorLost(message));
+  }
+
+  /** Rank `rank`'s restarted worker is Ready: its lane sends to it, its engine cores recompute their requests on it. */
+  workerRestarted(rank: number, client: WorkerClient): void {
+    const lane = this.lanes[rank]!;
+    lane.replaceClient(client);
+    this.coresOn(rank).forEach((core) => core.replaceExecutor(lane));
+  }
+
+  /** Rank `rank`'s worker will not come back: everything still live ends, new requests are refused. */
+  workerGone(rank: number, reason: string): void {
+    this.goneReason = reason;
+    this.coresOn(rank).forEach((core) => core.executorGone(reason));
+    for (const req of [...this.live.values()]) {
+      req.endStatus = 503;
+      if (req.admitted) this.call(() => this.conductor.failRequest(req.id, this.goneReason!));
+      else this.end(req, "error", this.goneReason);
+    }
+  }
+
+  private coresOn(rank: number): EngineCore[] {
+    return this.cores.filter((core, nodeId): core is EngineCore => core !== null && this.coreLanes[nodeId]?.rank === rank);
   }
 
   // ------------------------------------------------------------ endings

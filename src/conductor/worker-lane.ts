@@ -13,6 +13,9 @@
 // StepMask naming the step's id; the lane renumbers steps, so it translates
 // the core's id to the wire id it sent that step under. The worker waits for
 // a mask only in a step with mask_rows, which the lane's own steps never have.
+// When the worker dies, the lane drops what only the dead worker could use
+// (tensor releases, ended requests) and fails the graph work still waiting;
+// after a restart it sends to the new worker (replaceClient).
 
 import type { StepExecutor } from "../engine/types.js";
 import type { PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
@@ -46,18 +49,46 @@ export class WorkerLane implements StepExecutor {
   /** Engine-core step id -> wire step id, for the core's steps in flight (a worker hosts one kv_cache node, so one core). */
   private readonly wireIds = new Map<number, number>();
   private kickScheduled = false;
+  /** The worker died and no new one is here yet. */
+  private down = false;
 
   constructor(
     /** The worker's rank in the deployment (0 without one). */
     readonly rank: number,
-    readonly client: WorkerClient,
+    private workerClient: WorkerClient,
     private readonly listener: LaneListener,
     /** What sends the steps: the client, or a benchmark's timing layer around it. */
-    private readonly executor: StepExecutor = client,
+    private executor: StepExecutor = workerClient,
   ) {}
 
+  get client(): WorkerClient {
+    return this.workerClient;
+  }
+
   get ready(): ReadyMessage {
-    return this.client.ready;
+    return this.workerClient.ready;
+  }
+
+  /**
+   * The worker died: tensor handles and request ids meant for it mean nothing
+   * to the next one, so they are dropped; prompts and passes still waiting fail.
+   */
+  workerLost(error: Error): void {
+    this.down = true;
+    this.releases = [];
+    this.finished = [];
+    const work: AttachedWork = { prompts: this.prompts, batches: this.batches };
+    this.prompts = [];
+    this.batches = [];
+    if (work.prompts.length > 0 || work.batches.length > 0) this.listener.stepFailed(this, work, error);
+  }
+
+  /** A restarted worker takes over (steps still in flight to the old one have failed by now). */
+  replaceClient(client: WorkerClient, executor: StepExecutor = client): void {
+    this.workerClient = client;
+    this.executor = executor;
+    this.down = false;
+    this.kick();
   }
 
   /** Steps sent and not answered yet. */
@@ -76,11 +107,14 @@ export class WorkerLane implements StepExecutor {
   }
 
   release(handles: readonly number[]): void {
+    // Handles of a dead worker: its store is gone with it.
+    if (this.down) return;
     for (const h of handles) this.releases.push(h);
     this.kick();
   }
 
   requestEnded(requestId: string): void {
+    if (this.down) return;
     this.finished.push(requestId);
     this.kick();
   }
@@ -171,7 +205,7 @@ export class WorkerLane implements StepExecutor {
     setImmediate(() => {
       this.kickScheduled = false;
       if (this.inFlight > 0 || !this.hasWork()) return;
-      if (!this.client.alive && this.prompts.length === 0 && this.batches.length === 0) {
+      if (!this.workerClient.alive && this.prompts.length === 0 && this.batches.length === 0) {
         // Nothing to free on a dead worker; passes and prompts still go, to fail at once instead of waiting.
         this.releases = [];
         this.finished = [];

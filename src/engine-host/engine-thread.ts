@@ -23,9 +23,9 @@ import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/typ
 import type { GraphEvent, GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
-import { WorkerStartError, type WorkerExit } from "../worker/types.js";
+import { WorkerStartError } from "../worker/types.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, StepRecord } from "./messages.js";
-import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+import { EngineStartError, type ServingEngine, type ServingEngineOptions, type WorkerHealthEvent } from "./types.js";
 
 export interface EngineThreadOptions extends ServingEngineOptions {
   /** Benchmarks: the engine thread times every step and reports it through onStepRecords. */
@@ -99,7 +99,9 @@ export class EngineThread implements ServingEngine {
   /** Outputs received and not yet delivered, merged per request (see deliver()). */
   private readonly pending = new Map<number, RequestOutput>();
   private deliveryScheduled = false;
-  private readonly deathListeners: ((exit: WorkerExit) => void)[] = [];
+  private readonly workerListeners: ((event: WorkerHealthEvent) => void)[] = [];
+  /** Every model worker's process id, by rank (a restart changes its rank's). */
+  private readonly workerPids: number[];
   private state: "running" | "closing" | "closed" = "running";
   private closing: Promise<void> | null = null;
   private readonly exited: Promise<void>;
@@ -112,11 +114,11 @@ export class EngineThread implements ServingEngine {
   private constructor(
     private readonly thread: Worker,
     readonly ready: ReadyMessage,
-    /** Every model worker's process id, by rank. */
-    readonly pids: readonly number[],
+    pids: readonly number[],
     readonly config: EngineConfig,
     private readonly options: EngineThreadOptions,
   ) {
+    this.workerPids = [...pids];
     this.graph = compileModelGraph(ready.graph);
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
     this.limits = { ...config, vocabSize: ready.vocab_size };
@@ -149,6 +151,7 @@ export class EngineThread implements ServingEngine {
       worker: { ...worker, reportLoadProgress: onLoadProgress !== undefined },
       engine: options.engine,
       deployment: options.deployment ?? null,
+      restart: options.restart ?? { maxRestarts: 0 },
       recordSteps: options.recordSteps ?? false,
     };
     const grammar = options.grammar ?? null;
@@ -205,7 +208,11 @@ export class EngineThread implements ServingEngine {
 
   /** Rank 0's process id. */
   get pid(): number {
-    return this.pids[0]!;
+    return this.workerPids[0]!;
+  }
+
+  get pids(): readonly number[] {
+    return this.workerPids;
   }
 
   get heldTensors(): number {
@@ -254,9 +261,8 @@ export class EngineThread implements ServingEngine {
     this.post({ kind: "abort", handle });
   }
 
-  /** Called once if the model worker dies (not when it is shut down). */
-  onWorkerDeath(listener: (exit: WorkerExit) => void): void {
-    this.deathListeners.push(listener);
+  onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void {
+    this.workerListeners.push(listener);
   }
 
   /** Ends live requests ("abort"), shuts the model worker and the thread down. Idempotent. */
@@ -285,9 +291,12 @@ export class EngineThread implements ServingEngine {
       case "outputs":
         this.onOutputs(message);
         break;
-      case "worker-died":
-        for (const listener of this.deathListeners.splice(0)) listener(message.exit);
+      case "worker-event": {
+        const event = message.event;
+        if (event.kind === "up") this.workerPids[event.rank] = event.pid;
+        for (const listener of this.workerListeners) listener(event);
         break;
+      }
       case "thread-failed":
         this.failAll(message.message);
         break;

@@ -1,19 +1,26 @@
-// Starts the model workers a deployment asks for, one process per rank, and
-// works out where each (node, walk) runs. Without a deployment one worker
-// hosts every node. Rank 0 starts first: its Ready carries the model's graph,
-// which the deployment is checked against (a file naming an unknown node or
-// leaving a node unhosted is refused in one line) before the other ranks start.
+// Starts the model workers a deployment asks for, one supervised process per
+// rank, and works out where each (node, walk) runs. Without a deployment one
+// worker hosts every node. Rank 0 starts first: its Ready carries the model's
+// graph, which the deployment is checked against (a file naming an unknown
+// node or leaving a node unhosted is refused in one line) before the other
+// ranks start.
+//
+// Each rank's WorkerSupervisor restarts its worker after a death; the events
+// reach the graph engine through applyWorkerEvent (the other ranks go on)
+// and the frontend through a WorkerHealthEvent.
 
 import { placeGraph, DeploymentError, type Deployment } from "../config/deployment.js";
+import type { GraphEngine } from "../conductor/graph-engine.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import { arenaShare } from "../worker/shm-segments.js";
-import { startWorker } from "../worker/supervisor.js";
+import { WorkerSupervisor, type RestartPolicy, type WorkerEvent } from "../worker/supervisor.js";
 import type { WorkerClient, WorkerOptions } from "../worker/types.js";
+import type { WorkerHealthEvent } from "./types.js";
 
 export interface GraphWorkers {
   graph: CompiledGraph;
   /** By rank. */
-  workers: WorkerClient[];
+  supervisors: WorkerSupervisor[];
   rankOf(node: string, walk: string): number;
 }
 
@@ -50,31 +57,75 @@ function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: n
   };
 }
 
-/** Starts every rank; on any failure stops what started and rejects (WorkerStartError or DeploymentError). */
-export async function startGraphWorkers(base: WorkerOptions, deployment: Deployment | null): Promise<GraphWorkers> {
+/**
+ * Starts every rank; on any failure stops what started and rejects
+ * (WorkerStartError or DeploymentError). `onEvent` hears every later death,
+ * restart and give-up.
+ */
+export async function startGraphWorkers(
+  base: WorkerOptions,
+  deployment: Deployment | null,
+  restart: RestartPolicy,
+  onEvent: (event: WorkerEvent) => void,
+  signal?: AbortSignal,
+): Promise<GraphWorkers> {
   const nodes = deployment === null ? [undefined] : nodesByRank(deployment);
   // Tensors cross between workers through shared memory: each worker of a split deployment gets its share.
   const shmShare = nodes.length > 1 ? arenaShare(nodes.length) : 0;
-  const workers: WorkerClient[] = [];
+  const supervisors: WorkerSupervisor[] = [];
+  const start = (rank: number): Promise<WorkerSupervisor> =>
+    WorkerSupervisor.start(rank, rankOptions(base, deployment, rank, nodes[rank], shmShare), restart, onEvent, signal);
   try {
-    workers.push(await startWorker(rankOptions(base, deployment, 0, nodes[0], shmShare)));
-    const graph = compileModelGraph(workers[0]!.ready.graph);
+    supervisors.push(await start(0));
+    const graph = compileModelGraph(supervisors[0]!.client.ready.graph);
     const shape = {
       nodes: graph.nodes.map((n) => n.name),
       walks: graph.walks.map((w) => ({ name: w.name, nodes: graph.walkNodes.slice(w.walkNodeStart, w.walkNodeEnd).map((wn) => wn.node.name) })),
     };
     const placement = placeGraph(deployment, shape);
-    const rest = await Promise.allSettled(nodes.slice(1).map((n, i) => startWorker(rankOptions(base, deployment, i + 1, n, shmShare))));
-    for (const r of rest) if (r.status === "fulfilled") workers.push(r.value);
+    const rest = await Promise.allSettled(nodes.slice(1).map((_, i) => start(i + 1)));
+    for (const r of rest) if (r.status === "fulfilled") supervisors.push(r.value);
     const failed = rest.find((r) => r.status === "rejected");
     if (failed !== undefined) throw (failed as PromiseRejectedResult).reason;
     return {
       graph,
-      workers,
+      supervisors,
       rankOf: (node, walk) => placement.instances(node, walk)[0]?.[0] ?? 0,
     };
   } catch (error) {
-    await Promise.all(workers.map((w) => w.shutdown().catch(() => {})));
+    await Promise.all(supervisors.map((s) => s.stop()));
     throw error;
+  }
+}
+
+/** The current worker of every rank. */
+export function currentWorkers(supervisors: readonly WorkerSupervisor[]): WorkerClient[] {
+  return supervisors.map((s) => s.client);
+}
+
+/** Tells the graph engine about a worker's death, restart or loss for good. */
+export function applyWorkerEvent(engine: GraphEngine, event: WorkerEvent): void {
+  switch (event.kind) {
+    case "down":
+      engine.workerLost(event.rank, event.exit.summary);
+      return;
+    case "up":
+      engine.workerRestarted(event.rank, event.client);
+      return;
+    case "gave-up":
+      engine.workerGone(event.rank, event.message);
+      return;
+  }
+}
+
+/** The event as the frontend sees it (plain data: it may cross threads). */
+export function healthEventOf(event: WorkerEvent): WorkerHealthEvent {
+  switch (event.kind) {
+    case "down":
+      return { kind: "down", rank: event.rank, exit: event.exit, restartInMs: event.restartInMs };
+    case "up":
+      return { kind: "up", rank: event.rank, pid: event.client.pid, restarts: event.restarts };
+    case "gave-up":
+      return { kind: "gave-up", rank: event.rank, exit: event.exit, message: event.message };
   }
 }

@@ -10,18 +10,19 @@ import { stepMasks } from "../structured/engine-link.js";
 import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
-import { shutdownAllWorkers } from "../worker/supervisor.js";
-import type { WorkerClient, WorkerExit } from "../worker/types.js";
-import { startGraphWorkers } from "./graph-workers.js";
-import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+import type { WorkerSupervisor } from "../worker/supervisor.js";
+import type { WorkerClient } from "../worker/types.js";
+import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
+import { EngineStartError, type ServingEngine, type ServingEngineOptions, type WorkerHealthEvent } from "./types.js";
 
 export class InProcessEngine implements ServingEngine {
   private closing: Promise<void> | null = null;
   private readonly emptyTimings = new StepTimingRing(1);
+  private readonly listeners: ((event: WorkerHealthEvent) => void)[] = [];
 
   private constructor(
     readonly engine: GraphEngine,
-    private readonly workers: readonly WorkerClient[],
+    private readonly supervisors: readonly WorkerSupervisor[],
     readonly config: EngineConfig,
   ) {}
 
@@ -30,30 +31,41 @@ export class InProcessEngine implements ServingEngine {
    * timing layer between the engine and a worker.
    */
   static async start(options: ServingEngineOptions, wrap?: (worker: WorkerClient) => StepExecutor): Promise<InProcessEngine> {
-    const onAbort = (): void => void shutdownAllWorkers().catch(() => {});
-    options.signal?.addEventListener("abort", onAbort, { once: true });
-    let started;
-    try {
-      started = await startGraphWorkers(options.worker, options.deployment ?? null);
-    } finally {
-      options.signal?.removeEventListener("abort", onAbort);
-    }
+    let host: InProcessEngine | null = null;
+    const started = await startGraphWorkers(
+      options.worker,
+      options.deployment ?? null,
+      options.restart ?? { maxRestarts: 0 },
+      (event) => {
+        if (host === null) return;
+        applyWorkerEvent(host.engine, event);
+        const health = healthEventOf(event);
+        for (const listener of host.listeners) listener(health);
+      },
+      options.signal,
+    );
     try {
       const grammar = options.grammar ?? null;
+      const workers = currentWorkers(started.supervisors);
       const engine = new GraphEngine({
         graph: started.graph,
-        workers: started.workers,
+        workers,
         rankOf: started.rankOf,
       maxConcurrentRequests: options.deployment?.maxConcurrentRequests ?? null,
         engine: options.engine,
         wrapExecutor: wrap === undefined ? undefined : (_rank, client) => wrap(client),
         stepMasks: (ready) => stepMasks(grammar === null ? null : { port: grammar.connectPort(), vocabSize: grammar.vocabSize }, ready.vocab_size),
       });
-      return new InProcessEngine(engine, started.workers, engineConfigOf(engine, started.workers[0]!.ready, options));
+      host = new InProcessEngine(engine, started.supervisors, engineConfigOf(engine, workers[0]!.ready, options));
+      return host;
     } catch (error) {
-      await Promise.all(started.workers.map((w) => w.shutdown().catch(() => {})));
+      await Promise.all(started.supervisors.map((s) => s.stop()));
       throw new EngineStartError(`cannot start the engine: ${(error as Error).message}`);
     }
+  }
+
+  private get workers(): WorkerClient[] {
+    return currentWorkers(this.supervisors);
   }
 
   get ready(): ReadyMessage {
@@ -104,19 +116,12 @@ export class InProcessEngine implements ServingEngine {
     return this.engine.takeStepSamples();
   }
 
-  onWorkerDeath(listener: (exit: WorkerExit) => void): void {
-    let told = false;
-    for (const w of this.workers) {
-      w.onDeath((exit) => {
-        if (told) return;
-        told = true;
-        listener(exit);
-      });
-    }
+  onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void {
+    this.listeners.push(listener);
   }
 
   close(): Promise<void> {
-    this.closing ??= stopEngine(this.engine, this.workers);
+    this.closing ??= stopEngine(this.engine, this.supervisors);
     return this.closing;
   }
 }
@@ -131,9 +136,10 @@ const STEP_GRACE_MS = 5_000;
 
 /**
  * Ends the engine's live requests ("abort", after the step in flight, waiting
- * at most STEP_GRACE_MS for it), then shuts the model workers down. Never rejects.
+ * at most STEP_GRACE_MS for it), then stops restarting and shuts the model
+ * workers down. Never rejects.
  */
-export async function stopEngine(engine: GraphEngine | null, workers: readonly WorkerClient[]): Promise<void> {
+export async function stopEngine(engine: GraphEngine | null, supervisors: readonly WorkerSupervisor[]): Promise<void> {
   if (engine !== null) await Promise.race([engine.close().catch(() => {}), sleep(STEP_GRACE_MS, undefined, { ref: false })]);
-  await Promise.all(workers.map((w) => w.shutdown().catch(() => {})));
+  await Promise.all(supervisors.map((s) => s.stop().catch(() => {})));
 }

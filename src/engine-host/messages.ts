@@ -10,7 +10,8 @@
 import type { GraphEvent, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { Deployment } from "../config/deployment.js";
 import type { EngineStats, EngineConfig } from "../engine/engine-core.js";
-import type { EngineSettings } from "./types.js";
+import type { EngineSettings, WorkerHealthEvent } from "./types.js";
+import type { RestartPolicy } from "../worker/supervisor.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, RequestOutput } from "../engine/types.js";
 import type { MessagePort } from "node:worker_threads";
@@ -23,6 +24,7 @@ export interface EngineThreadInit {
   worker: Omit<WorkerOptions, "onLoadProgress"> & { reportLoadProgress: boolean };
   engine: EngineSettings;
   deployment: Deployment | null;
+  restart: RestartPolicy;
   /** Benchmarks: time every step's phases and send them with the outputs. */
   recordSteps: boolean;
   /** Structured output: a port to the grammar thread, and the vocabulary size its masks are made for. */
@@ -134,9 +136,10 @@ export interface OutputsMessage {
   heldTensors: number;
 }
 
-export interface WorkerDiedMessage {
-  kind: "worker-died";
-  exit: WorkerExit;
+/** A worker died, came back, or will not come back. */
+export interface WorkerEventMessage {
+  kind: "worker-event";
+  event: WorkerHealthEvent;
 }
 
 /** The engine thread failed itself (a bug): every request has ended with an error. */
@@ -154,6 +157,6 @@ export type EngineToMainMessage =
   | ThreadReadyMessage
   | StartFailedMessage
   | OutputsMessage
-  | WorkerDiedMessage
+  | WorkerEventMessage
   | ThreadFailedMessage
   | ClosedMessage;

@@ -13,9 +13,9 @@ import { GraphEngine, type GraphEvent } from "../conductor/graph-engine.js";
 import { DeploymentError } from "../config/deployment.js";
 import { endingOutput } from "../engine/engine-core.js";
 import type { RequestOutput } from "../engine/types.js";
-import { killAllWorkersSync, shutdownAllWorkers } from "../worker/supervisor.js";
-import { WorkerStartError, type WorkerClient } from "../worker/types.js";
-import { startGraphWorkers } from "./graph-workers.js";
+import { killAllWorkersSync, shutdownAllWorkers, type WorkerSupervisor } from "../worker/supervisor.js";
+import { WorkerStartError } from "../worker/types.js";
+import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitGraphMessage, SubmitMessage } from "./messages.js";
 import { engineConfigOf, stopEngine } from "./in-process.js";
 import { StepRecorder } from "./step-recorder.js";
@@ -104,7 +104,7 @@ class Outbox {
   }
 }
 
-let workers: WorkerClient[] = [];
+let supervisors: WorkerSupervisor[] = [];
 /** The grammar thread's port (structured output) until an engine core takes it. */
 let grammarLink = init.grammar ?? null;
 let core: GraphEngine | null = null;
@@ -122,6 +122,13 @@ async function start(): Promise<void> {
         onLoadProgress: init.worker.reportLoadProgress ? (done, total) => post({ kind: "load-progress", done, total }) : undefined,
       },
       init.deployment,
+      init.restart,
+      (event) => {
+        if (core === null) return;
+        applyWorkerEvent(core, event);
+        outbox?.schedule();
+        post({ kind: "worker-event", event: healthEventOf(event) });
+      },
     );
   } catch (error) {
     const exit = error instanceof WorkerStartError ? error.exit : null;
@@ -132,17 +139,18 @@ async function start(): Promise<void> {
   }
   if (closing) {
     // close() came while the workers loaded.
-    await Promise.all(started.workers.map((w) => w.shutdown().catch(() => {})));
+    await Promise.all(started.supervisors.map((s) => s.stop()));
     post({ kind: "start-failed", stage: "worker", message: "the engine was closed before the model worker was ready", exit: null });
     return;
   }
-  workers = started.workers;
-  const recorder = init.recordSteps ? new StepRecorder(started.workers[0]!) : null;
+  supervisors = started.supervisors;
+  const workers = currentWorkers(supervisors);
+  const recorder = init.recordSteps ? new StepRecorder(workers[0]!) : null;
   if (recorder !== null) recorder.recording = true;
   try {
     core = new GraphEngine({
       graph: started.graph,
-      workers: started.workers,
+      workers,
       rankOf: started.rankOf,
       maxConcurrentRequests: init.deployment?.maxConcurrentRequests ?? null,
       engine: init.engine,
@@ -156,7 +164,7 @@ async function start(): Promise<void> {
       },
     });
   } catch (error) {
-    await Promise.all(started.workers.map((w) => w.shutdown().catch(() => {})));
+    await Promise.all(started.supervisors.map((s) => s.stop()));
     post({ kind: "start-failed", stage: "engine", message: `cannot start the engine: ${(error as Error).message}`, exit: null });
     port?.close();
     return;
@@ -165,18 +173,10 @@ async function start(): Promise<void> {
     grammarLink?.port.close();
     grammarLink = null;
   }
-  const ready = started.workers[0]!.ready;
+  const ready = workers[0]!.ready;
   const config = engineConfigOf(core, ready, { worker: init.worker, engine: init.engine });
   outbox = new Outbox(core, recorder);
-  let told = false;
-  for (const w of started.workers) {
-    w.onDeath((exit) => {
-      if (told) return;
-      told = true;
-      post({ kind: "worker-died", exit });
-    });
-  }
-  post({ kind: "ready", ready, pids: started.workers.map((w) => w.pid), config });
+  post({ kind: "ready", ready, pids: workers.map((w) => w.pid), config });
 }
 
 function submit({ handle, request }: SubmitMessage): void {
@@ -216,9 +216,9 @@ async function close(): Promise<void> {
   if (closing) return;
   closing = true;
   // A worker still loading: stop it now rather than wait for it.
-  if (workers.length === 0) await shutdownAllWorkers().catch(() => {});
+  if (supervisors.length === 0) await shutdownAllWorkers().catch(() => {});
   await starting;
-  await stopEngine(core, workers);
+  await stopEngine(core, supervisors);
   outbox?.schedule();
   // Let the last outputs go out first.
   setImmediate(() => {

@@ -9,6 +9,7 @@ import type { CompiledGraph } from "../graph/compile.js";
 import type { EngineStatsSource } from "../observability/metrics.js";
 import type { GrammarService } from "../structured/grammar-service.js";
 import type { ReadyMessage } from "../transport/messages.js";
+import type { RestartPolicy } from "../worker/supervisor.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
 
 /** Engine settings the user chooses; block size, block count and max model length come from the worker's Ready. */
@@ -21,9 +22,9 @@ export interface ServingEngine extends EngineHandle, EngineStatsSource {
   readonly config: EngineConfig;
   /** The model's graph (a plain LLM: node llm, walks prefill and decode). */
   readonly graph: CompiledGraph;
-  /** Rank 0's process id. */
+  /** Rank 0's process id (the current incarnation's). */
   readonly pid: number;
-  /** Every worker's process id, by rank. */
+  /** Every worker's process id, by rank (current incarnations). */
   readonly pids: readonly number[];
   /** A request for the graph's own outputs (audio...); refused synchronously with RequestRejectedError. */
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
@@ -33,8 +34,8 @@ export interface ServingEngine extends EngineHandle, EngineStatsSource {
   takeNodeSteps(): NodeStepSample[];
   /** Tensors the control plane refers to, as of the last step (leak checks). */
   readonly heldTensors: number;
-  /** Called once if a model worker dies (not when it is shut down). */
-  onWorkerDeath(listener: (exit: WorkerExit) => void): void;
+  /** Every worker death, restart and give-up (not a shutdown), for health, logs and the dashboard. */
+  onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void;
   /** Ends live requests ("abort"), then shuts the model worker down. Idempotent. */
   close(): Promise<void>;
 }
@@ -46,11 +47,22 @@ export interface ServingEngineOptions {
   deployment?: Deployment | null;
   /** The engine core in its own thread (default true). */
   engineThread?: boolean;
+  /** Restarting dead workers (--max-worker-restarts); absent: a death is final. */
+  restart?: RestartPolicy;
   /** Aborting it while the worker loads stops the start (it then rejects). */
   signal?: AbortSignal;
   /** Structured output: the grammar thread the engine core asks for token masks (absent: requests with a grammar are refused). */
   grammar?: GrammarService | null;
 }
+
+/** What happened to a model worker after start-up. */
+export type WorkerHealthEvent =
+  /** It died (or a restart attempt failed); the next attempt starts in restartInMs. */
+  | { kind: "down"; rank: number; exit: WorkerExit; restartInMs: number }
+  /** A restarted worker is Ready and serving. */
+  | { kind: "up"; rank: number; pid: number; restarts: number }
+  /** It died once too often (--max-worker-restarts): the server cannot serve any more. */
+  | { kind: "gave-up"; rank: number; exit: WorkerExit; message: string };
 
 /** The engine could start its worker but not itself (e.g. a configuration the worker's Ready contradicts). */
 export class EngineStartError extends Error {

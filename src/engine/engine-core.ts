@@ -15,11 +15,22 @@
 // - abort() while a step is in flight applies after that step's result is
 //   processed (its sampled token is dropped); the request's callback gets one
 //   final output with finishReason "abort". Unknown or finished ids are ignored.
-// - If executeStep rejects (worker died) or answers out of sync, every live
-//   request ends with finishReason "error" and the error message, all blocks
-//   are freed and the prefix cache is forgotten. The engine stays usable:
-//   new requests go to the same executor (and fail the same way while it is
-//   dead) until replaceExecutor() hands it a new worker.
+// - If executeStep rejects or answers out of sync, every live request ends
+//   with finishReason "error" and the error message, all blocks are freed and
+//   the prefix cache is forgotten. The engine stays usable: new requests go
+//   to the same executor (and fail the same way while it is dead) until
+//   replaceExecutor() hands it a new worker.
+// - Request migration (maxRequestMigrations set): when the rejection says the
+//   worker is gone (ExecutorLostError), or its owner calls executorLost(),
+//   live requests are not failed. The engine holds every request's tokens, so
+//   it frees their blocks, sends no step until replaceExecutor() brings the
+//   restarted worker, and then recomputes them as after a preemption: their
+//   outputs simply continue. A request carried over more than
+//   maxRequestMigrations times ends with "abort" and the reason. Requests
+//   that were being added to the worker when it died are suspects: they come
+//   back one at a time, and a death while a suspect is being added again is
+//   charged to it alone, so a request that crashes the worker every time
+//   fails by itself and the others go on.
 // - close() stops admissions, ends live requests with "abort" (after the step
 //   in flight) and resolves when the loop is idle. It does not stop the worker.
 //
@@ -67,7 +78,8 @@ import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "../structured/step-masks.js";
-import type { EngineRequest, OutputCallback, RequestOutput, RequestTiming, SchedulerConfig, StepExecutor, TokenLogprob } from "./types.js";
+import { NO_WIRE_ID } from "./request.js";
+import { ExecutorLostError, type EngineRequest, type OutputCallback, type RequestOutput, type RequestTiming, type SchedulerConfig, type StepExecutor, type TokenLogprob } from "./types.js";
 
 export interface EngineConfig extends SchedulerConfig {
   /** Overlap scheduling: build and send step N+1 while the worker runs N (default on). */
@@ -76,6 +88,13 @@ export interface EngineConfig extends SchedulerConfig {
   enablePrefixCaching?: boolean;
   /** Steps kept in the timing ring buffer (default 1024). */
   timingCapacity?: number;
+  /**
+   * How often one request may be carried over to a restarted worker
+   * (--max-request-migrations; 0: requests on a lost worker end, the others
+   * wait for the next one). Absent: the engine does not expect a restart, and
+   * a lost worker fails every live request.
+   */
+  maxRequestMigrations?: number;
 }
 
 export interface EngineStats {
@@ -162,6 +181,18 @@ export class EngineCore {
   private readonly deliverStepOutputs: (emitAll: () => void) => void;
   /** Grammar masks for structured output; null: requests with a grammar are refused. */
   private readonly masks: StepMasks | null;
+  /** Set while the executor's worker is gone: no step is sent until replaceExecutor(). */
+  private lostReason: string | null = null;
+  /** The worker is gone for good (executorGone): new requests are refused. */
+  private goneReason: string | null = null;
+  /** Requests added to the worker in steps it never answered. */
+  private readonly addedInLostSteps = new Set<Request>();
+  /** Suspects held back after a worker death, re-admitted one at a time. */
+  private readonly quarantine: Request[] = [];
+  /** The suspect being re-admitted now. */
+  private probation: Request | null = null;
+  /** A step has come back since the worker was (re)placed: the re-admitted requests ran. */
+  private answeredSinceSwap = false;
 
   constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions = {}) {
     this.masks = options.masks ?? null;
@@ -186,7 +217,7 @@ export class EngineCore {
     const blocks = this.blockManager.counts();
     return {
       numRunning: this.scheduler.numRunning,
-      numWaiting: this.scheduler.numWaiting,
+      numWaiting: this.scheduler.numWaiting + this.quarantine.filter((r) => !r.isFinished).length,
       numFreeBlocks: blocks.free + blocks.cached,
       numCachedBlocks: blocks.cached,
       numUsedBlocks: blocks.inUse,
@@ -211,7 +242,37 @@ export class EngineCore {
   abort(requestId: string): void {
     if (!this.requests.has(requestId)) return;
     if (this.inFlight.length > 0) this.pendingAborts.push(requestId);
-    else this.finishAborted(requestId, null);
+    else {
+      this.finishAborted(requestId, null);
+      // It may have been the suspect on probation: the next one goes.
+      this.releaseQuarantined();
+      this.wake();
+    }
+  }
+
+  /**
+   * The worker behind the executor died; its owner restarts it and calls
+   * replaceExecutor(). No step is sent meanwhile; steps in flight are given
+   * up, and live requests are carried over or ended (see the top of the file).
+   */
+  executorLost(reason: string): void {
+    if (this.lostReason !== null) return;
+    this.lostReason = firstLine(reason);
+    // With steps in flight the loop recovers once their rejections are in.
+    if (this.inFlight.length === 0) this.recoverFromLoss();
+  }
+
+  /** The worker will not come back: every live request ends ("abort", `reason`), new ones are refused. */
+  executorGone(reason: string): void {
+    this.goneReason = firstLine(reason);
+    this.lostReason ??= this.goneReason;
+    this.pendingAborts = [];
+    this.quarantine.length = 0;
+    this.probation = null;
+    const live = [...this.requests.values()];
+    for (const request of live) this.finish(request);
+    this.blockManager.resetPrefixCache();
+    for (const request of live) this.emit(request, endOutput(request, "abort", this.goneReason));
   }
 
   /**
@@ -219,6 +280,7 @@ export class EngineCore {
    * recomputed from scratch on it; takes effect at the next step boundary.
    */
   replaceExecutor(executor: StepExecutor): void {
+    if (this.goneReason !== null) throw new Error(`the engine's worker is gone: ${this.goneReason}`);
     this.checkExecutor(executor);
     this.nextExecutor = executor;
     if (this.inFlight.length === 0) this.swapExecutor();
@@ -243,7 +305,7 @@ export class EngineCore {
   // ------------------------------------------------------------ step loop
 
   private wake(): void {
-    if (this.looping || !this.scheduler.hasUnfinished) return;
+    if (this.looping || this.lostReason !== null || !this.scheduler.hasUnfinished) return;
     this.looping = true;
     this.loopDone = this.runLoop();
   }
@@ -252,15 +314,17 @@ export class EngineCore {
     try {
       for (;;) {
         if (this.nextExecutor !== null && this.inFlight.length === 0) this.swapExecutor();
+        this.releaseQuarantined();
         // Keep the worker fed: with overlap, step N+1 goes out before N's result is awaited.
-        // (A new executor waits until nothing is in flight on the old one.)
-        while (this.inFlight.length < this.maxInFlight && this.nextExecutor === null && this.scheduler.hasUnfinished) {
+        // (A new executor waits until nothing is in flight on the old one; a lost one gets nothing.)
+        while (this.inFlight.length < this.maxInFlight && this.nextExecutor === null && this.lostReason === null && this.scheduler.hasUnfinished) {
           if (!this.launch()) break;
         }
         const head = this.inFlight[0];
         if (head === undefined) {
           // Decided synchronously with the exit, so a submit can never fall between them.
-          if (!this.scheduler.hasUnfinished) break;
+          // While the worker is lost, replaceExecutor() wakes the loop again.
+          if (!this.scheduler.hasUnfinished || this.lostReason !== null) break;
           continue;
         }
         await this.complete(head);
@@ -313,6 +377,11 @@ export class EngineCore {
       checkResult(step.message, result);
     } catch (error) {
       this.inFlight.shift();
+      if (this.migrates && (error instanceof ExecutorLostError || this.lostReason !== null)) {
+        this.lostReason ??= firstLine((error as Error).message);
+        await this.drainLost(step);
+        return;
+      }
       // Should the worker still be alive, it never applied this step's removals: resend them.
       this.scheduler.deferRemoved(step.out.removedWireIds);
       this.failAll(error);
@@ -320,6 +389,9 @@ export class EngineCore {
       return;
     }
     this.inFlight.shift();
+    this.answeredSinceSwap = true;
+    // Requests this step added ran on the worker without killing it.
+    for (const request of step.out.added) request.suspect = false;
     const t3 = performance.now();
     this.scheduler.updateAfterStep(step.out);
     this.applyPendingAborts();
@@ -341,6 +413,81 @@ export class EngineCore {
       workerForwardMs: result.timings.forward_ms,
       workerSampleMs: result.timings.sample_ms,
     });
+  }
+
+  /** Whether worker loss is recovered from (maxRequestMigrations set, even to 0) rather than failing everything. */
+  private get migrates(): boolean {
+    return this.config.maxRequestMigrations !== undefined;
+  }
+
+  /** The worker is gone: waits out the steps still in flight (their results are lost), then recovers. */
+  private async drainLost(first: InFlightStep): Promise<void> {
+    for (const request of first.out.added) this.addedInLostSteps.add(request);
+    while (this.inFlight.length > 0) {
+      const step = this.inFlight.shift() as InFlightStep;
+      await step.result.catch(() => undefined);
+      for (const request of step.out.added) this.addedInLostSteps.add(request);
+    }
+    this.recoverFromLoss();
+  }
+
+  /**
+   * After a worker death, with nothing in flight: charges the migration, ends
+   * what may not be carried over, puts every other request back in the
+   * waiting queue to be recomputed on the next worker, holds suspects back.
+   */
+  private recoverFromLoss(): void {
+    const reason = this.lostReason ?? "the model worker died";
+    const limit = this.config.maxRequestMigrations ?? 0;
+    // Client aborts that came in meanwhile end first: they are neither carried nor charged.
+    this.applyPendingAborts();
+    const added = [...this.addedInLostSteps].filter((r) => !r.isFinished);
+    this.addedInLostSteps.clear();
+    const live = [...this.requests.values()];
+    const held = new Set(this.quarantine);
+    // Blame: a death while a suspect is being added again is charged to it alone.
+    const blamed = added.filter((r) => r.suspect);
+    const onWorker = live.filter((r) => r.wireId !== NO_WIRE_ID || added.includes(r));
+    for (const request of blamed.length > 0 ? blamed : onWorker) request.numMigrations++;
+    if (blamed.length === 0) for (const request of added) request.suspect = true;
+    // The worker's state is gone: every request is recomputed from its tokens.
+    for (const request of live) request.numInFlightSamples = 0;
+    this.scheduler.resetWorkerState();
+    this.scheduler.forgetRemoved();
+    this.probation = null;
+    this.answeredSinceSwap = false;
+    for (const request of live) {
+      if (request.numMigrations <= limit) continue;
+      this.finish(request);
+      held.delete(request);
+      this.emit(request, endOutput(request, "abort", notCarriedOver(reason, request, limit)));
+    }
+    for (const request of live) {
+      if (request.isFinished || !request.suspect || held.has(request)) continue;
+      this.scheduler.withdraw(request);
+      this.quarantine.push(request);
+    }
+    this.releaseQuarantined();
+  }
+
+  /**
+   * Re-admits the next held-back suspect once the one before it has run a
+   * step (or ended), and not before the other carried-over requests have run
+   * one on the new worker: a death then is the suspect's alone.
+   */
+  private releaseQuarantined(): void {
+    if (this.quarantine.length === 0) return;
+    const current = this.probation;
+    if (current !== null && !current.isFinished && current.suspect) return;
+    if (!this.answeredSinceSwap && this.scheduler.hasUnfinished) return;
+    this.probation = null;
+    while (this.quarantine.length > 0) {
+      const next = this.quarantine.shift() as Request;
+      if (next.isFinished) continue;
+      this.probation = next;
+      this.scheduler.requeueFront(next);
+      return;
+    }
   }
 
   /** After a failure: the other steps in flight went to a failed worker; wait them out, ignore their results. */
@@ -486,6 +633,7 @@ export class EngineCore {
 
   private validate(req: EngineRequest): void {
     if (this.closed) throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
+    if (this.goneReason !== null) throw new RequestRejectedError(`request ${req.id}: ${this.goneReason}`);
     if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     if (req.grammar != null && !this.takesGrammars) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     checkSubmittable(req, this.limits);
@@ -507,6 +655,8 @@ export class EngineCore {
     this.limits = { ...this.config, vocabSize: this.executor.ready.vocab_size };
     this.nextExecutor = null;
     this.scheduler.resetWorkerState();
+    this.lostReason = null;
+    this.answeredSinceSwap = false;
   }
 }
 
@@ -602,6 +752,18 @@ function addTiming(output: RequestOutput, request: Request): RequestOutput {
   };
   output.timing = timing;
   return output;
+}
+
+/** Why a request was not carried over to the restarted worker. */
+function notCarriedOver(reason: string, request: Request, limit: number): string {
+  const flag = `--max-request-migrations ${limit}`;
+  if (limit === 0) return `${reason}; requests are not carried over to a restarted worker (${flag})`;
+  if (request.suspect) return `${reason}; the worker died each time it ran this request, so it is not retried (${flag})`;
+  return `${reason}; this request was already carried over to a restarted worker ${limit} time${limit === 1 ? "" : "s"} (${flag})`;
+}
+
+function firstLine(text: string): string {
+  return text.split("\n", 1)[0] ?? text;
 }
 
 /** The last output of a request that ends without a token (aborted, or failed with `error`). */

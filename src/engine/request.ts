@@ -58,6 +58,13 @@ export class Request {
    * The worker already has these tokens, so the scheduler counts them as known.
    */
   numInFlightSamples = 0;
+  /** Worker deaths this request was carried over (recomputed on the next worker). */
+  numMigrations = 0;
+  /**
+   * It was being added to the worker when the worker died, and has not run a
+   * step since: it may be what kills the worker, so it is re-admitted alone.
+   */
+  suspect = false;
 
   constructor(req: EngineRequest, onOutput: OutputCallback) {
     this.id = req.id;

@@ -189,6 +189,24 @@ export class Scheduler {
     this.kv.resetPrefixCache();
   }
 
+  /** The worker was replaced: it knows no wire id, so no removal is owed to it. */
+  forgetRemoved(): void {
+    this.pendingRemoved = [];
+  }
+
+  /** Takes a waiting request out of the queue (held back by the engine core); false if it was not waiting there. */
+  withdraw(request: Request): boolean {
+    const at = this.waiting.indexOf(request);
+    if (at < 0) return false;
+    this.waiting.splice(at, 1);
+    return true;
+  }
+
+  /** Puts a request the engine held back at the front of its priority in the waiting queue. */
+  requeueFront(request: Request): void {
+    this.requeue(request, this.pendingRemoved);
+  }
+
   // ------------------------------------------------------------ internals
 
   private admitWaiting(out: SchedulerOutput, budget: number): void {

@@ -7,13 +7,15 @@
 // its prompts are being tokenized. The ticket is released when the request
 // reaches the engine (the observed engine's onSubmit, matched through the
 // request's async context) or when its HTTP exchange ends.
+// Every admitted request counts as open until its response is finished or its
+// connection closes; a draining server waits for that count to reach 0.
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { ApiError } from "./openai-error.js";
 
 /** POST routes that queue work in the engine. */
-export const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/generate"]);
+export const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/generate", "/v1/audio/speech"]);
 
 /** Seconds a client should wait before retrying a 429 (queue full). */
 export const RETRY_AFTER_BUSY_S = 1;
@@ -55,9 +57,23 @@ export function queueFullBody(max: number): object {
 
 export class Admission {
   pending = 0;
+  /** Admitted requests whose response has not finished. */
+  private open = 0;
+  private idleWaiters: (() => void)[] = [];
   private readonly context = new AsyncLocalStorage<Ticket>();
 
   constructor(private readonly options: AdmissionOptions) {}
+
+  /** Generation requests admitted and not finished (streams included). */
+  get openRequests(): number {
+    return this.open;
+  }
+
+  /** Resolves once no admitted request is open. */
+  idle(): Promise<void> {
+    if (this.open === 0) return Promise.resolve();
+    return new Promise((resolve) => this.idleWaiters.push(resolve));
+  }
 
   /** The admitted request's ticket, if the caller runs in its async context. */
   releaseCurrent(): void {
@@ -87,7 +103,12 @@ export class Admission {
     }
     const ticket = new Ticket(this);
     this.pending++;
-    reply.raw.once("close", () => ticket.release());
+    this.open++;
+    reply.raw.once("close", () => {
+      ticket.release();
+      this.open--;
+      if (this.open === 0) for (const resolve of this.idleWaiters.splice(0)) resolve();
+    });
     this.context.run(ticket, () => done());
   };
 }

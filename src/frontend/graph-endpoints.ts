@@ -99,7 +99,8 @@ class GraphRun {
 }
 
 function errorOf(event: Extract<GraphEvent, { kind: "error" }>): ApiError {
-  return event.status === 400 ? badRequest(event.message) : serverError(event.message);
+  if (event.status === 400) return badRequest(event.message);
+  return event.status === 503 ? serviceUnavailable(event.message) : serverError(event.message);
 }
 
 /** POST /v1/audio/speech: chunked audio; the first bytes leave with the first decoded window. */

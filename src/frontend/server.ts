@@ -71,7 +71,11 @@ export interface BatonServer {
   app: FastifyInstance;
   /** Requests in flight. */
   readonly inFlight: number;
-  /** Marks the server unavailable (health 503, new requests 503); null makes it available again. */
+  /** Generation requests (text and audio, streamed or not) admitted and not finished. */
+  readonly openGenerations: number;
+  /** Resolves once no generation request is open (a draining server waits for this). */
+  generationsDone(): Promise<void>;
+  /** Marks the server unavailable (health 503, new requests 503 with Retry-After); null makes it available again. */
   setUnavailable(reason: string | null): void;
   /** Ends every request in flight with this error; their engine requests are aborted. */
   failInFlight(error: ApiError): void;
@@ -199,7 +203,22 @@ export function buildServer(options: ServerOptions): BatonServer {
   });
   app.get("/v1/models", async () => listModels(card));
   app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
-  const graph: GraphEndpointsOptions | null = options.graph ? { ...options.graph, unavailableReason: () => unavailable } : null;
+  const graphEngine = options.graph?.engine;
+  const graph: GraphEndpointsOptions | null =
+    options.graph && graphEngine
+      ? {
+          ...options.graph,
+          // A graph request stops counting as queued by the frontend once the engine has it (as text requests do).
+          engine: {
+            submitGraph: (req, onEvent) => {
+              admission.releaseCurrent();
+              graphEngine.submitGraph(req, onEvent);
+            },
+            abort: (id) => graphEngine.abort(id),
+          },
+          unavailableReason: () => unavailable,
+        }
+      : null;
   // A model without text output (a speech model) answers the text endpoints with a 400 saying why.
   const textContext = (): FrontendContext => {
     if (ctx !== null) return ctx;
@@ -229,6 +248,12 @@ export function buildServer(options: ServerOptions): BatonServer {
     app,
     get inFlight() {
       return registry.size;
+    },
+    get openGenerations() {
+      return admission.openRequests;
+    },
+    generationsDone() {
+      return admission.idle();
     },
     setUnavailable(reason) {
       unavailable = reason;

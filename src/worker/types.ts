@@ -1,7 +1,7 @@
 // The contract between whoever starts a model worker (the CLI, tests) and the
 // supervisor that owns the Python process.
 
-import type { StepExecutor } from "../engine/types.js";
+import { ExecutorLostError, type StepExecutor } from "../engine/types.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type Device = "auto" | "cpu" | "cuda";
@@ -43,6 +43,12 @@ export interface WorkerOptions {
   shmBytes?: number;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
+  /**
+   * A step the worker has not answered after this long means it hung; it is
+   * killed (--step-timeout). Default: sized from observed step times
+   * (step-client.ts).
+   */
+  stepTimeoutMs?: number;
 }
 
 export interface WorkerExit {
@@ -50,6 +56,8 @@ export interface WorkerExit {
   signal: NodeJS.Signals | null;
   /** The worker's Fatal message, or the tail of its stderr. */
   message: string;
+  /** One line: why it ended (the failure we know of, or how it exited and its last stderr line). */
+  summary: string;
 }
 
 /** A running worker. executeStep() rejects once the worker has died. */
@@ -80,7 +88,7 @@ export class WorkerStartError extends Error {
 }
 
 /** executeStep()/ping() failed because the worker died, failed or was shut down. */
-export class WorkerDiedError extends Error {
+export class WorkerDiedError extends ExecutorLostError {
   constructor(
     message: string,
     readonly exit: WorkerExit | null,

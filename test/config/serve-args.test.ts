@@ -48,6 +48,10 @@ describe("parseServeArgs", () => {
       reasoningParser: null,
       toolCallParser: null,
       enableAutoToolChoice: false,
+      maxWorkerRestarts: 5,
+      maxRequestMigrations: 1,
+      stepTimeoutS: null,
+      shutdownTimeoutS: 20,
     });
   });
 
@@ -64,6 +68,18 @@ describe("parseServeArgs", () => {
     assert.equal(parseServeArgs(["--tool-call-parser=llama3_json"]).options.enableAutoToolChoice, false);
     assert.throws(() => parseServeArgs(["--tool-call-parser", "xml"]), /choose from hermes, llama3_json, mistral, qwen3_coder/);
     assert.throws(() => parseServeArgs(["--enable-auto-tool-choice"]), /needs --tool-call-parser/);
+  });
+
+  test("reliability flags: restarts, migrations, step timeout, shutdown timeout", () => {
+    const { options } = parseServeArgs(["--max-worker-restarts", "0", "--max-request-migrations=3", "--step-timeout", "2.5", "--shutdown-timeout", "0"]);
+    assert.equal(options.maxWorkerRestarts, 0);
+    assert.equal(options.maxRequestMigrations, 3);
+    assert.equal(options.stepTimeoutS, 2.5);
+    assert.equal(options.shutdownTimeoutS, 0);
+    assert.throws(() => parseServeArgs(["--max-worker-restarts", "-1"]), UsageError);
+    assert.throws(() => parseServeArgs(["--step-timeout", "0"]), /--step-timeout: must be at least 0.1/);
+    assert.throws(() => parseServeArgs(["--step-timeout", "soon"]), /expected a number of seconds/);
+    assert.throws(() => parseServeArgs(["--shutdown-timeout", "-5"]), UsageError);
   });
 
   test("--no-async-scheduling and --scheduling-policy", () => {

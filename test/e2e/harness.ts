@@ -24,9 +24,10 @@ export interface RunningServer {
 }
 
 /** Starts `baton serve <args>` and waits for its start-up line. */
-export async function startServer(args: string[], timeoutMs = 120_000): Promise<RunningServer> {
+export async function startServer(args: string[], timeoutMs = 120_000, env: NodeJS.ProcessEnv = process.env): Promise<RunningServer> {
   const proc = spawn(process.execPath, [cli, "serve", ...args, "--port", "0"], {
     cwd: repoRoot,
+    env,
     stdio: ["ignore", "pipe", "pipe"],
   });
   let output = "";

@@ -15,7 +15,8 @@ import { RequestRejectedError } from "../../src/engine/engine-core.js";
 import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
 import { EngineThread } from "../../src/engine-host/engine-thread.js";
 import { packageRoot } from "../../src/transport/package-root.js";
-import { WorkerStartError, type WorkerExit } from "../../src/worker/types.js";
+import { WorkerStartError } from "../../src/worker/types.js";
+import type { WorkerHealthEvent } from "../../src/engine-host/types.js";
 import { greedy, isRunning, nullModelDir, nullWorkerOptions, processesMatching, removeDir, tempDir, waitUntil } from "../worker/helpers.js";
 
 const VOCAB = 128;
@@ -140,21 +141,24 @@ describe("engine thread", () => {
     await waitUntil(() => engine.stats.numRunning === 0 && engine.stats.numFreeBlocks === engine.config.numBlocks, 5000, "all blocks free");
   });
 
-  test("the worker's death ends live requests with an error and is reported once", async () => {
+  test("without restarts, the worker's death ends live requests and is reported once; new requests are refused", async () => {
     const { engine } = await startThread();
-    const deaths: WorkerExit[] = [];
-    engine.onWorkerDeath((exit) => deaths.push(exit));
+    const events: WorkerHealthEvent[] = [];
+    engine.onWorkerEvent((event) => events.push(event));
     const { outputs, ended } = run(engine, request([1], 250));
     await waitUntil(() => outputs.length > 0, 5000, "a first output");
     process.kill(engine.pid, "SIGKILL");
     const all = await ended;
-    assert.equal(all.at(-1)?.finishReason, "error");
+    // Ended by the engine, not by a fault of the request: "abort" with the reason (HTTP 503).
+    assert.equal(all.at(-1)?.finishReason, "abort");
     assert.match(all.at(-1)?.error ?? "", /worker/);
-    await waitUntil(() => deaths.length === 1, 5000, "the death to be reported");
-    assert.equal(deaths[0]?.signal, "SIGKILL");
-    // New requests fail the same way instead of hanging.
+    await waitUntil(() => events.length === 1, 5000, "the death to be reported");
+    assert.equal(events[0]?.kind, "gave-up");
+    assert.equal(events[0]?.kind === "gave-up" ? events[0].exit.signal : null, "SIGKILL");
+    // New requests end at once instead of hanging.
     const next = await run(engine, request([2], 3)).ended;
     assert.equal(next.at(-1)?.finishReason, "error");
+    assert.match(next.at(-1)?.error ?? "", /restarts are off/);
   });
 
   test("close() ends live requests with abort and stops the worker and the thread", async () => {

@@ -4,7 +4,8 @@
 // puppeteer-core) the page asks for the key, shows live numbers that follow
 // the requests sent (exactly: token totals equal the responses' usage), the
 // playground streams a reply token by token that equals the non-streamed
-// reply, a dead worker shows as dead, and no console error appears. A
+// reply, a killed worker shows as restarting and then alive again (a new
+// pid), and no console error appears. A
 // screenshot is saved (dist/dashboard.png, or BATON_DASHBOARD_SCREENSHOT).
 // Without a browser the Chromium part is skipped with one message.
 
@@ -246,14 +247,17 @@ describe("in headless Chromium", { skip: NO_BROWSER }, () => {
     await waitForMetric(page, "generation-tps", "v === 0", 10_000);
   });
 
-  test("a dead worker shows as dead", async () => {
+  test("a killed worker shows as restarting, then alive again with a new pid", async () => {
     const pid = await metric(page, "worker-pid");
     // Only our server's own child.
     const ppid = Number(/^PPid:\s+(\d+)/m.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1]);
     assert.equal(ppid, server.proc.pid);
     process.kill(pid, "SIGKILL");
-    await page.waitForFunction(`document.querySelector('[data-metric="worker-state"]').textContent === "dead"`, { timeout: 30_000 });
+    await page.waitForFunction(`document.querySelector('[data-metric="worker-state"]').textContent === "restarting"`, { timeout: 30_000 });
     assert.match(await text(page, '[data-metric="worker-exit"]'), /SIGKILL/);
+    await page.waitForFunction(`document.querySelector('[data-metric="worker-state"]').textContent === "alive"`, { timeout: 60_000 });
+    assert.notEqual(await metric(page, "worker-pid"), pid);
+    assert.equal(await metric(page, "worker-restarts"), 1);
   });
 
   test("no console errors, and the open page does not hold up shutdown", async () => {

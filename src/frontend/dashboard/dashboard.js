@@ -178,7 +178,7 @@ function setConnection(state, text) {
  * @property {{promptTokens: number, generationTokens: number, finishedRequests: number, steps: number, preemptions: number}} totals
  * @property {{windowS: number, ttftMs: Latency | null, itlMs: Latency | null, e2eMs: Latency | null}} latency
  * @property {{count: number, meanRows: number, meanTokens: number, phases: Phase[]}} steps
- * @property {{pid: number, alive: boolean, exit: string | null}} worker
+ * @property {{pid: number, alive: boolean, state: string, exit: string | null, restarts: number}} worker
  * @property {{node: string, queueDepth: number, stepSeconds: number}[]} nodes
  */
 
@@ -238,7 +238,8 @@ function render(s) {
   show("step-tokens", s.steps.meanTokens.toFixed(1), s.steps.meanTokens);
   renderPhases(s.steps.phases);
 
-  show("worker-state", s.worker.alive ? "alive" : "dead", s.worker.alive ? "alive" : "dead");
+  show("worker-state", s.worker.state, s.worker.state);
+  show("worker-restarts", int(s.worker.restarts), s.worker.restarts);
   show("worker-pid", String(s.worker.pid), s.worker.pid);
   show("worker-exit", s.worker.exit ?? "");
   renderNodes(s.nodes);

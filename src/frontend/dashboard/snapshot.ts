@@ -11,7 +11,7 @@ import { percentile } from "../../bench/metrics.js";
 import type { StepTiming } from "../../engine/step-timings.js";
 import type { LiveRequestStats } from "../../observability/live-stats.js";
 import type { EngineStatsSource } from "../../observability/metrics.js";
-import type { WorkerExit } from "../../worker/types.js";
+import type { WorkerHealthEvent } from "../../engine-host/types.js";
 
 export const RATE_WINDOW_MS = 2_000;
 export const LATENCY_WINDOW_MS = 60_000;
@@ -54,7 +54,8 @@ export interface DashboardSnapshot {
   /** Over the last LATENCY_WINDOW_MS; null where there is no sample. */
   latency: { windowS: number; ttftMs: LatencySummary | null; itlMs: LatencySummary | null; e2eMs: LatencySummary | null };
   steps: { count: number; meanRows: number; meanTokens: number; phases: PhaseSummary[] };
-  worker: { pid: number; alive: boolean; exit: string | null };
+  /** state: restarting after a death, dead once restarts gave up; exit: how the last death happened. */
+  worker: { pid: number; alive: boolean; state: "alive" | "restarting" | "dead"; exit: string | null; restarts: number };
   nodes: NodeQueue[];
 }
 
@@ -66,7 +67,7 @@ export interface DashboardSource {
 /** The engine as the dashboard sees it (ServingEngine satisfies it). */
 export interface DashboardEngine extends EngineStatsSource {
   readonly pid: number;
-  onWorkerDeath(listener: (exit: WorkerExit) => void): void;
+  onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void;
 }
 
 export interface DashboardFeedOptions {
@@ -112,11 +113,20 @@ function perSecond(now: number, then: number, ms: number): number {
 export class DashboardFeed implements DashboardSource {
   private readonly startedMs = performance.now();
   private readonly history: CounterSample[] = [];
-  private workerExit: WorkerExit | null = null;
+  private workerState: DashboardSnapshot["worker"]["state"] = "alive";
+  private lastDeath: string | null = null;
+  private restarts = 0;
 
   constructor(private readonly options: DashboardFeedOptions) {
-    options.engine.onWorkerDeath((exit) => {
-      this.workerExit = exit;
+    options.engine.onWorkerEvent((event) => {
+      if (event.kind === "up") {
+        this.workerState = "alive";
+        this.restarts++;
+        return;
+      }
+      const exit = event.exit;
+      this.workerState = event.kind === "down" ? "restarting" : "dead";
+      this.lastDeath = `${exit.signal ?? `exit code ${exit.code}`}${exit.message === "" ? "" : `: ${exit.message}`}`;
     });
   }
 
@@ -136,7 +146,6 @@ export class DashboardFeed implements DashboardSource {
     const base = this.rateBase(sample);
     const span = now - base.atMs;
     const queried = sample.prefixQueryTokens - base.prefixQueryTokens;
-    const exit = this.workerExit;
     return {
       timeMs: Date.now(),
       model: this.options.modelName,
@@ -175,11 +184,7 @@ export class DashboardFeed implements DashboardSource {
         e2eMs: summarize(requests.e2eMs.since(now - LATENCY_WINDOW_MS)),
       },
       steps: stepSummary(engine.timings.recent(STEP_WINDOW)),
-      worker: {
-        pid: engine.pid,
-        alive: exit === null,
-        exit: exit === null ? null : `${exit.signal ?? `exit code ${exit.code}`}${exit.message === "" ? "" : `: ${exit.message}`}`,
-      },
+      worker: { pid: engine.pid, alive: this.workerState === "alive", state: this.workerState, exit: this.lastDeath, restarts: this.restarts },
       nodes: [...(this.options.nodes?.() ?? [])],
     };
   }
