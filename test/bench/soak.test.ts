@@ -9,7 +9,8 @@ import { describe, test } from "node:test";
 import { runSoak } from "../../src/bench/soak.js";
 import { UsageError } from "../../src/cli/args.js";
 import { parseBenchArgs } from "../../src/cli/bench.js";
-import { repoRoot } from "../e2e/harness.js";
+import { removeDir, repoRoot } from "../e2e/harness.js";
+import { demoModelCopy } from "../reliability/helpers.js";
 
 const demo = join(repoRoot, "models", "demo");
 
@@ -29,14 +30,17 @@ describe("bench soak", () => {
     const previous = process.env.OMP_NUM_THREADS;
     // The test machine's cores are shared: one torch thread per worker.
     process.env.OMP_NUM_THREADS = "1";
+    // Its own copy of the model: the soak tells its workers (and orphans) by the model's path, and other suites run demo workers too.
+    const modelDir = demoModelCopy("baton-soak-");
     try {
-      const result = await runSoak({ repoRoot, modelDir: demo, minutes: 0.3, concurrency: 4, faultIntervalS: 4, stepTimeoutS: 2, seed: 1, log: () => {} });
+      const result = await runSoak({ repoRoot, modelDir, minutes: 0.3, concurrency: 4, faultIntervalS: 4, stepTimeoutS: 2, seed: 1, log: () => {} });
       assert.deepEqual(result.problems, []);
       assert.ok(result.faults.sigkill + result.faults.sigstop >= 1, JSON.stringify(result.faults));
       assert.ok(result.restarts >= result.faults.sigkill + result.faults.sigstop);
       assert.ok(result.requests.served > 0);
       assert.equal(result.end.freeKvBlocks, result.end.kvBlocks);
     } finally {
+      removeDir(modelDir);
       if (previous === undefined) delete process.env.OMP_NUM_THREADS;
       else process.env.OMP_NUM_THREADS = previous;
     }
