@@ -90,9 +90,9 @@ def _timed(obj, name: str, spent: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
-def measure(model: str, path: str, batch: int, prompt_len: int, steps: int, temperature: float, block_size: int) -> dict:
+def measure(model: str, path: str, batch: int, prompt_len: int, steps: int, temperature: float, block_size: int, dtype: str = "auto") -> dict:
     pages = -(-(prompt_len + steps + 8) // block_size)
-    opts = WorkerOptions(model=model, in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=batch * pages + 8)
+    opts = WorkerOptions(model=model, in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=batch * pages + 8, dtype=dtype)
     runner = load_worker(opts, **PATHS[path]).runner if path in PATHS else load_worker(opts).runner
     spent = [0.0]
     if getattr(runner, "attention", None) is not None:
@@ -137,7 +137,7 @@ def measure_at_revision(rev: str, args, batch: int, threads: int) -> dict:
         env = dict(os.environ, BATON_BENCH_SOURCE=rev, PYTHONPATH=f"{tmp}/python", BATON_SCHEMA=f"{tmp}/protocol/schema.json")
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--batch", str(batch), "--threads", str(threads),
                "--prompt-len", str(args.prompt_len), "--steps", str(args.steps), "--temperature", str(args.temperature),
-               "--block-size", str(args.block_size)]
+               "--block-size", str(args.block_size), "--dtype", args.dtype]
         child = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if child.returncode != 0:
             raise RuntimeError(f"measuring {rev} failed:\n{child.stderr}")
@@ -154,15 +154,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--dtype", default="auto", help="the worker's --dtype (auto: the checkpoint's)")
     parser.add_argument("--before", metavar="REV", help="also measure the worker at this git revision (e.g. c486cff)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         torch.set_num_threads(args.threads[0])
-        r = measure(args.model, "git", args.batch[0], args.prompt_len, args.steps, args.temperature, args.block_size)
+        r = measure(args.model, "git", args.batch[0], args.prompt_len, args.steps, args.temperature, args.block_size, args.dtype)
         print(json.dumps(r))
         return
-    print(f"model {args.model}, prompt {args.prompt_len} tokens, {args.steps} timed decode steps (median), "
+    print(f"model {args.model}, dtype {args.dtype}, prompt {args.prompt_len} tokens, {args.steps} timed decode steps (median), "
           f"temperature {args.temperature}, torch {torch.__version__}")
     print(f"{'threads':>7} {'B':>5} {'path':>12} {'ms/step':>9} {'prepare':>8} {'forward':>8} {'attn':>8} {'sample':>8} {'vs new':>8}")
     paths = ([f"git:{args.before}"] if args.before else []) + args.paths
@@ -174,7 +175,7 @@ def main() -> None:
                 if path.startswith("git:"):
                     r = measure_at_revision(args.before, args, batch, threads)
                 else:
-                    r = measure(args.model, path, batch, args.prompt_len, args.steps, args.temperature, args.block_size)
+                    r = measure(args.model, path, batch, args.prompt_len, args.steps, args.temperature, args.block_size, args.dtype)
                 results[path] = r
             for path, r in results.items():
                 ratio = f"{r['ms'] / results['new']['ms']:.2f}x" if "new" in results else ""
