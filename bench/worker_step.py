@@ -9,15 +9,15 @@ as the worker reports them in StepResult.timings).
   old: reference attention (per-row SDPA loop) and unfused q/k/v, gate/up
   new: the device's default backend (cpu on CPU) and fused weights
 
-  git:REV (with --before REV): the worker as it was at git revision REV,
-      run from `git archive` in a child process (the true "before")
+  git:REV (with --before REV [REV ...]): the worker as it was at git
+      revision REV, run from `git archive` in a child process (the true "before")
 
 "old" uses today's persistent batch, so it understates the old worker's
 batch-building cost; --before measures that too. The attn column is the
 time spent inside the attention backend (prepare + run, all layers); it is
 not available for git:REV. Usage:
   .venv/bin/python bench/worker_step.py [--model models/demo] [--batch 1 32 256]
-      [--threads 1 2] [--steps 10] [--temperature 0] [--before c486cff]
+      [--threads 1 2] [--steps 10] [--temperature 0] [--before c486cff 363496a] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--dtype", default="auto", help="the worker's --dtype (auto: the checkpoint's)")
-    parser.add_argument("--before", metavar="REV", help="also measure the worker at this git revision (e.g. c486cff)")
+    parser.add_argument("--before", metavar="REV", nargs="+", default=[], help="also measure the worker at these git revisions (e.g. c486cff)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -166,14 +166,14 @@ def main() -> None:
     print(f"model {args.model}, dtype {args.dtype}, prompt {args.prompt_len} tokens, {args.steps} timed decode steps (median), "
           f"temperature {args.temperature}, torch {torch.__version__}")
     print(f"{'threads':>7} {'B':>5} {'path':>12} {'ms/step':>9} {'prepare':>8} {'forward':>8} {'attn':>8} {'sample':>8} {'vs new':>8}")
-    paths = ([f"git:{args.before}"] if args.before else []) + args.paths
+    paths = [f"git:{rev}" for rev in args.before] + args.paths
     for threads in args.threads:
         torch.set_num_threads(threads)
         for batch in args.batch:
             results = {}
             for path in paths:
                 if path.startswith("git:"):
-                    r = measure_at_revision(args.before, args, batch, threads)
+                    r = measure_at_revision(path.removeprefix("git:"), args, batch, threads)
                 else:
                     r = measure(args.model, path, batch, args.prompt_len, args.steps, args.temperature, args.block_size, args.dtype)
                 results[path] = r
