@@ -66,9 +66,11 @@ def tree(pid: int) -> dict[int, str]:
     return found
 
 
-def wait_ready(url: str, timeout: float) -> None:
+def wait_ready(url: str, timeout: float, server: subprocess.Popen) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with code {server.returncode} before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -115,9 +117,11 @@ def main() -> None:
                "--continuous-batching", "--no-cb-use-cuda-graph", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         model_name = args.model
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    # Output to a file: an unread pipe fills up and blocks a chatty server.
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_ready(f"http://127.0.0.1:{port}/v1/models", 600)
+        wait_ready(f"http://127.0.0.1:{port}/v1/models", 600, server)
         processes = tree(server.pid)
         with tempfile.TemporaryDirectory() as out:
             bench = ["node", str(ROOT / "bin" / "baton.mjs"), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
@@ -127,7 +131,8 @@ def main() -> None:
                      "--result-filename", "r.json", "--disable-tqdm"]
             if model_name:
                 bench += ["--model", model_name]
-            client = subprocess.Popen(bench, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+            client_log = tempfile.TemporaryFile()
+            client = subprocess.Popen(bench, stdout=subprocess.DEVNULL, stderr=client_log, start_new_session=True)
             # CPU of every process every 50 ms, to cut out the measured window afterwards
             # (the load generator also loads a tokenizer and makes prompts before it).
             samples = []
@@ -136,7 +141,8 @@ def main() -> None:
                 time.sleep(0.05)
             end = time.monotonic()
             if client.returncode != 0:
-                raise RuntimeError(f"bench serve failed: {client.stderr.read().decode()[-2000:]}")
+                client_log.seek(0)
+                raise RuntimeError(f"bench serve failed: {client_log.read().decode()[-2000:]}")
             result = json.loads((Path(out) / "r.json").read_text())
         wall = result["duration"]
         start = min(samples, key=lambda s: abs(s[0] - (end - wall)))
