@@ -121,7 +121,7 @@ def main() -> None:
     log = tempfile.TemporaryFile()
     server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        wait_ready(f"http://127.0.0.1:{port}/v1/models", 600, server)
+        wait_ready(f"http://127.0.0.1:{port}/health", 600, server)  # transformers serve answers 500 to /v1/models offline
         processes = tree(server.pid)
         with tempfile.TemporaryDirectory() as out:
             bench = ["node", str(ROOT / "bin" / "baton.mjs"), "bench", "serve", "--base-url", f"http://127.0.0.1:{port}",
