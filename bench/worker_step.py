@@ -9,15 +9,15 @@ as the worker reports them in StepResult.timings).
   old: reference attention (per-row SDPA loop) and unfused q/k/v, gate/up
   new: the device's default backend (cpu on CPU) and fused weights
 
-  git:REV (with --before REV): the worker as it was at git revision REV,
-      run from `git archive` in a child process (the true "before")
+  git:REV (with --before REV [REV ...]): the worker as it was at git
+      revision REV, run from `git archive` in a child process (the true "before")
 
 "old" uses today's persistent batch, so it understates the old worker's
 batch-building cost; --before measures that too. The attn column is the
 time spent inside the attention backend (prepare + run, all layers); it is
 not available for git:REV. Usage:
   .venv/bin/python bench/worker_step.py [--model models/demo] [--batch 1 32 256]
-      [--threads 1 2] [--steps 10] [--temperature 0] [--before c486cff]
+      [--threads 1 2] [--steps 10] [--temperature 0] [--before c486cff 363496a] [--dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def _timed(obj, name: str, spent: list[float]) -> None:
     setattr(obj, name, wrapper)
 
 
-def measure(model: str, path: str, batch: int, prompt_len: int, steps: int, temperature: float, block_size: int) -> dict:
+def measure(model: str, path: str, batch: int, prompt_len: int, steps: int, temperature: float, block_size: int, dtype: str = "auto") -> dict:
     pages = -(-(prompt_len + steps + 8) // block_size)
-    opts = WorkerOptions(model=model, in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=batch * pages + 8)
+    opts = WorkerOptions(model=model, in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=batch * pages + 8, dtype=dtype)
     runner = load_worker(opts, **PATHS[path]).runner if path in PATHS else load_worker(opts).runner
     spent = [0.0]
     if getattr(runner, "attention", None) is not None:
@@ -137,7 +137,7 @@ def measure_at_revision(rev: str, args, batch: int, threads: int) -> dict:
         env = dict(os.environ, BATON_BENCH_SOURCE=rev, PYTHONPATH=f"{tmp}/python", BATON_SCHEMA=f"{tmp}/protocol/schema.json")
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--batch", str(batch), "--threads", str(threads),
                "--prompt-len", str(args.prompt_len), "--steps", str(args.steps), "--temperature", str(args.temperature),
-               "--block-size", str(args.block_size)]
+               "--block-size", str(args.block_size), "--dtype", args.dtype]
         child = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if child.returncode != 0:
             raise RuntimeError(f"measuring {rev} failed:\n{child.stderr}")
@@ -154,27 +154,28 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--before", metavar="REV", help="also measure the worker at this git revision (e.g. c486cff)")
+    parser.add_argument("--dtype", default="auto", help="the worker's --dtype (auto: the checkpoint's)")
+    parser.add_argument("--before", metavar="REV", nargs="+", default=[], help="also measure the worker at these git revisions (e.g. c486cff)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         torch.set_num_threads(args.threads[0])
-        r = measure(args.model, "git", args.batch[0], args.prompt_len, args.steps, args.temperature, args.block_size)
+        r = measure(args.model, "git", args.batch[0], args.prompt_len, args.steps, args.temperature, args.block_size, args.dtype)
         print(json.dumps(r))
         return
-    print(f"model {args.model}, prompt {args.prompt_len} tokens, {args.steps} timed decode steps (median), "
+    print(f"model {args.model}, dtype {args.dtype}, prompt {args.prompt_len} tokens, {args.steps} timed decode steps (median), "
           f"temperature {args.temperature}, torch {torch.__version__}")
     print(f"{'threads':>7} {'B':>5} {'path':>12} {'ms/step':>9} {'prepare':>8} {'forward':>8} {'attn':>8} {'sample':>8} {'vs new':>8}")
-    paths = ([f"git:{args.before}"] if args.before else []) + args.paths
+    paths = [f"git:{rev}" for rev in args.before] + args.paths
     for threads in args.threads:
         torch.set_num_threads(threads)
         for batch in args.batch:
             results = {}
             for path in paths:
                 if path.startswith("git:"):
-                    r = measure_at_revision(args.before, args, batch, threads)
+                    r = measure_at_revision(path.removeprefix("git:"), args, batch, threads)
                 else:
-                    r = measure(args.model, path, batch, args.prompt_len, args.steps, args.temperature, args.block_size)
+                    r = measure(args.model, path, batch, args.prompt_len, args.steps, args.temperature, args.block_size, args.dtype)
                 results[path] = r
             for path, r in results.items():
                 ratio = f"{r['ms'] / results['new']['ms']:.2f}x" if "new" in results else ""

@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from .protocol import SamplingParams
 
 if TYPE_CHECKING:
@@ -30,9 +28,6 @@ class RequestState:
     slot: int = -1
     # Top alternatives per prompt position (AddedRequest.prompt_logprobs); -1: no prompt logprobs.
     prompt_logprobs: int = -1
-    # Seeded once when sampling.seed is set, so the request's random stream
-    # does not depend on which other requests share its steps.
-    generator: torch.Generator | None = None
     # The sampler's penalty bookkeeping (sampler.PenaltyBooks), made on the
     # first penalised step; dropped with this state.
     penalties: PenaltyBooks | None = None

@@ -4,8 +4,10 @@ Order per row: raw logprobs (for the response) from log_softmax of the raw
 logits; min_tokens suppression; repetition penalty (prompt + output tokens),
 frequency and presence penalties (output tokens only); then greedy argmax when
 temperature is 0, else temperature, min-p, top-k, top-p and an inverse-CDF draw
-with one uniform number per row: from the request's own generator when it has a
-seed, from the sampler's generator otherwise (all such rows in one draw).
+with one uniform number per row. A seeded row's number is a hash of its seed
+and its output position (seeded_uniform), so a seeded request draws the same
+tokens alone or in any batch, and after preemption and recompute; the other
+rows share one draw from the sampler's generator.
 
 Each stage is one tensor operation over all the rows that need it, done in
 place in a scratch buffer kept from step to step (on CPU a fresh [rows, vocab]
@@ -14,12 +16,19 @@ buffer by what they need (penalised greedy rows, then the vocabulary-wide
 draws, then one block per top-k window, then top-p-only rows), so every stage
 works on a contiguous slice.
 
-A seeded request's tokens depend only on its seed and its logits, never on its
-batch-mates: each row's arithmetic is the one the per-row sampler did alone
-(softmax, cumsum and topk treat rows independently; sums that torch may split
-across threads for a lone row are taken row by row; seeded rows are grouped by
-their own top-k, since topk's order among ties depends on k), while unseeded
-rows share one window of the largest k.
+Vocabulary-wide argmax and draws work on blocks of VOCAB_BLOCK tokens: one
+vectorised max or sum per block, then only the block that holds the answer is
+searched (torch's CPU argmax and cumsum over 151,936 logits per row cost 10-20
+times its max or sum). The argmax is torch.argmax's exactly (the first
+maximal index).
+
+A seeded request's tokens depend only on its seed, its output position and its
+logits, never on its batch-mates: each row's arithmetic is the one the per-row
+sampler does alone (softmax, block sums, cumsum and topk treat rows
+independently; sums that torch may split across threads for a lone row are
+taken row by row; seeded rows are grouped by their own top-k, since topk's
+order among ties depends on k), while unseeded rows share one window of the
+largest k.
 
 The result leaves the device in one copy per step: token ids, their logprobs
 and the top logprobs packed into one int32 tensor.
@@ -41,6 +50,28 @@ SAMPLING_EPS = 1e-5
 
 # First top-p window tried for rows without top-k; grown 4x until it holds top_p of the mass.
 _TOP_P_FIRST_WINDOW = 64
+
+# Tokens per block of the vocabulary-wide argmax and draw.
+VOCAB_BLOCK = 1024
+
+_MASK64 = 0xFFFF_FFFF_FFFF_FFFF
+_GOLDEN_GAMMA = 0x9E37_79B9_7F4A_7C15
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit ints that spreads every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58_476D_1CE4_E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D0_49BB_1331_11EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def seeded_uniform(seed: int, position: int) -> float:
+    """The uniform number in [0, 1) a seeded request draws its output token
+    `position` (0: the first generated token) with: 24 bits (a float32's
+    precision) of a hash of (seed mod 2**64, position). It depends on nothing
+    else, so preemption, recompute and batch-mates cannot change it."""
+    stream = _mix64(seed & _MASK64)
+    return (_mix64((stream + (position + 1) * _GOLDEN_GAMMA) & _MASK64) >> 40) * 2.0**-24
 
 
 @dataclass
@@ -110,7 +141,7 @@ class Sampler:
         if greedy or hot:
             tokens = self._sample_processed(logits, states, greedy, hot)
         else:
-            tokens = torch.argmax(logits, dim=-1)
+            tokens = first_argmax(logits)
         return self._to_host(logits, tokens, states)
 
     def _scratch_rows(self, rows: int, like: torch.Tensor) -> torch.Tensor:
@@ -133,9 +164,13 @@ class Sampler:
         identity = len(order) == n and order == list(range(n))
         work = self._scratch_rows(len(order), logits)
         edits = any(has_penalties(st) or suppresses(st) for st in laid)
-        temps = torch.tensor([states[i].sampling.temperature for i in order[len(greedy) :]], dtype=logits.dtype, device=device)
+        hot_temps = [states[i].sampling.temperature for i in order[len(greedy) :]]
+        temps = torch.tensor(hot_temps, dtype=logits.dtype, device=device)
+        unit = all(t == 1.0 for t in hot_temps)  # x / 1.0 == x: no division to do
         divided = identity and not edits and not greedy
-        if divided:
+        if divided and unit:
+            torch.softmax(logits, dim=-1, out=work)
+        elif divided:
             torch.div(logits, temps[:, None], out=work)
         elif identity:
             work.copy_(logits)
@@ -148,12 +183,13 @@ class Sampler:
         picked = torch.empty(len(order), dtype=torch.int64, device=device)
         g = len(greedy)
         if g:
-            torch.argmax(work[:g], dim=-1, out=picked[:g])
+            picked[:g] = first_argmax(work[:g])
         if hot:
             probs = work[g:]
-            if not divided:
+            if not divided and not unit:
                 probs.div_(temps[:, None])
-            torch.softmax(probs, dim=-1, out=probs)
+            if not (divided and unit):
+                torch.softmax(probs, dim=-1, out=probs)
             params = [st.sampling for st in laid[g:]]
             if any(s.min_p > 0.0 for s in params):
                 min_p = torch.tensor([s.min_p for s in params], dtype=probs.dtype, device=device)[:, None]
@@ -168,9 +204,9 @@ class Sampler:
             done = set(order)
             rest = [i for i in range(n) if i not in done]
             if 2 * plain >= n:
-                tokens = torch.argmax(logits, dim=-1)
+                tokens = first_argmax(logits)
             else:
-                tokens.index_copy_(0, _index(rest, device), torch.stack([torch.argmax(logits[i]) for i in rest]))
+                tokens.index_copy_(0, _index(rest, device), first_argmax(logits.index_select(0, _index(rest, device))))
         return tokens.index_copy_(0, _index(order, device), picked)
 
     # ------------------------------------------------------------ drawing
@@ -187,8 +223,7 @@ class Sampler:
             top_p = [st.sampling.top_p for st in sub]
             rows, u = probs[start:end], uniforms[start:end]
             if block.kind == "vocab":
-                cdf = torch.cumsum(rows, dim=-1, out=rows)
-                tokens[start:end] = _locate(cdf, None, torch.full_like(u, rows.shape[1], dtype=torch.int64), u)
+                tokens[start:end] = inverse_cdf(rows, u)
             elif block.kind == "top_k":
                 weights, ids = torch.topk(rows, block.k)
                 top_k = [st.sampling.top_k for st in sub]
@@ -202,11 +237,14 @@ class Sampler:
         return tokens
 
     def _uniforms(self, states: list[RequestState]) -> torch.Tensor:
-        """One uniform number per row, [rows, 1]: a seeded row's from its own generator, the rest in one draw."""
+        """One uniform number per row, [rows, 1]: a seeded row's from its seed and
+        output position, the rest in one draw from the sampler's generator."""
         seeded = [i for i, st in enumerate(states) if st.sampling.seed is not None]
         if not seeded:
             return torch.rand(len(states), 1, generator=self.generator, device=self.device)
-        own = torch.cat([torch.rand(1, generator=self._generator_for(states[i]), device=self.device) for i in seeded])
+        own = torch.tensor(
+            [seeded_uniform(states[i].sampling.seed, states[i].num_output_tokens) for i in seeded], dtype=torch.float32
+        ).to(self.device)
         if len(seeded) == len(states):
             return own[:, None]
         out = torch.empty(len(states), dtype=own.dtype, device=self.device)
@@ -214,12 +252,6 @@ class Sampler:
         rest = [i for i in range(len(states)) if states[i].sampling.seed is None]
         out[_index(rest, self.device)] = torch.rand(len(rest), generator=self.generator, device=self.device)
         return out[:, None]
-
-    def _generator_for(self, state: RequestState) -> torch.Generator:
-        if state.generator is None:
-            state.generator = torch.Generator(device=self.device)
-            state.generator.manual_seed(state.sampling.seed & 0xFFFF_FFFF_FFFF_FFFF)
-        return state.generator
 
     # ------------------------------------------------------------ results
 
@@ -353,9 +385,68 @@ def _locate(cdf: torch.Tensor, ids: torch.Tensor | None, keep: torch.Tensor, uni
     """The inverse-CDF draw over each row's first `keep` entries: u * (mass kept)
     located in the cumulative weights. cumsum runs along a row in order, so its
     first `keep` entries are the cumsum of the kept prefix alone."""
-    u = uniforms * cdf.gather(1, keep - 1)
+    u = _below(uniforms * cdf.gather(1, keep - 1), cdf.gather(1, keep - 1))
     pick = torch.minimum(torch.searchsorted(cdf, u, right=True), keep - 1)
     return (pick if ids is None else ids.gather(1, pick))[:, 0]
+
+
+def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """target, kept below total: searchsorted(right=True) never stops on a
+    zero-weight token before the total, but at the total it would run off the
+    end (a uniform generator that can return 1.0 would get there)."""
+    return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+
+
+def _block_reduce(x: torch.Tensor, reduce) -> torch.Tensor:
+    """[rows, blocks]: `reduce` (torch.amax or torch.sum) over each VOCAB_BLOCK
+    tokens of each row, the last block possibly shorter."""
+    rows, vocab = x.shape
+    full = vocab // VOCAB_BLOCK * VOCAB_BLOCK
+    parts = []
+    if full:
+        parts.append(reduce(x[:, :full].view(rows, full // VOCAB_BLOCK, VOCAB_BLOCK), -1))
+    if full < vocab:
+        parts.append(reduce(x[:, full:], -1, keepdim=True))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+
+def _block_columns(block: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of each row's block ([rows, VOCAB_BLOCK], clamped to the
+    vocabulary) and which of them are real (the last block may be shorter)."""
+    cols = block[:, None] * VOCAB_BLOCK + torch.arange(VOCAB_BLOCK, device=block.device)
+    return cols.clamp(max=vocab - 1), cols < vocab
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) of a [rows, vocab] tensor whose rows are contiguous:
+    the first maximal index (NaN counts as maximal), from the block maxima."""
+    rows, vocab = x.shape
+    if vocab <= 2 * VOCAB_BLOCK:
+        return torch.argmax(x, dim=-1)
+    block = torch.argmax(_block_reduce(x, torch.amax), dim=-1)  # the first block holding the row's maximum
+    cols, _real = _block_columns(block, vocab)
+    # A clamped column repeats the last token after it, so the first maximum is a real one.
+    return cols.gather(1, torch.argmax(x.gather(1, cols), dim=-1, keepdim=True))[:, 0]
+
+
+def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of non-negative weights [rows, vocab] (rows contiguous,
+    any scale): the token whose cumulative weight first exceeds u * total, for
+    uniforms u [rows, 1] in [0, 1). The mass before a token is summed block by
+    block (block sums, their cumsum, then the cumsum inside the one block the
+    target falls in), never along the whole row."""
+    rows, vocab = weights.shape
+    cum = torch.cumsum(_block_reduce(weights, torch.sum), dim=-1)
+    total = cum[:, -1:]
+    target = _below(uniforms * total, total)
+    block = torch.searchsorted(cum, target, right=True).clamp_(max=cum.shape[1] - 1)
+    before = torch.where(block > 0, cum.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(target))
+    cols, real = _block_columns(block[:, 0], vocab)
+    inside = weights.gather(1, cols).masked_fill_(~real, 0.0)
+    # The last token with weight bounds the pick, should the two sums round apart.
+    keep = ((inside > 0) * torch.arange(1, VOCAB_BLOCK + 1, device=weights.device)).amax(dim=-1, keepdim=True).clamp_(min=1)
+    pick = torch.minimum(torch.searchsorted(torch.cumsum(inside, dim=-1), target - before, right=True), keep - 1)
+    return cols.gather(1, pick)[:, 0]
 
 
 def _row_sums(weights: torch.Tensor, exact: list[bool]) -> torch.Tensor:

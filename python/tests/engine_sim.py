@@ -62,6 +62,16 @@ class EngineSim:
                 raise RuntimeError("simulation did not finish")
         return requests
 
+    def preempt(self, r: SimRequest) -> None:
+        """As the engine preempts by recomputation: the request's blocks are freed,
+        the worker is told to drop it, and it comes back later as a new
+        AddedRequest with its prompt and outputs so far (same id, same prompt length)."""
+        self.free += r.blocks
+        r.blocks = []
+        r.num_computed = 0
+        r.added = False
+        self.pending_removals.append(r.req_id)
+
     def step(self, requests: list[SimRequest]) -> None:
         live = [r for r in requests if not r.done and r.arrive_step <= self.step_id]
         decodes = [r for r in live if r.added and r.num_computed == len(r.tokens) - 1]

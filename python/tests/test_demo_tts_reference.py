@@ -10,11 +10,12 @@ from baton_worker.models.demo_tts.build import build
 from baton_worker.models.demo_tts.reference import Reference, sample_token
 from baton_worker.models.demo_tts.text import prompt_ids
 from baton_worker.options import WorkerOptions
+from baton_worker.sampler import seeded_uniform
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 
 TEXT = "Hello from Baton."
-STOPPING_SEED = 2  # with TEXT and "nova", seeded T=1 sampling ends by end-of-audio after 71 tokens
+STOPPING_SEED = 216  # with TEXT and "nova", seeded T=1 sampling ends by end-of-audio after 63 tokens
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -51,8 +52,8 @@ def test_end_of_audio_stops_and_is_not_audio(ref):
     frames = result.frames(spec)
     assert len(frames) == (len(result.tokens) - 1) // 4  # a trailing partial frame is dropped
     assert len(result.pcm) == len(frames) * 480 * 2 == sum(result.chunk_bytes)
-    # 71 items with window 16 / stride 4: 14 full windows (4 frames, then 1 each) and an empty-handed final tail.
-    assert result.chunk_bytes == [4 * 960] + [960] * 13 + [0]
+    # 63 items with window 16 / stride 4: 12 full windows (4 frames, then 1 each) and an empty-handed final tail.
+    assert result.chunk_bytes == [4 * 960] + [960] * 11 + [0]
 
 
 def test_greedy_reference_equals_a_simple_full_forward_loop(ref):
@@ -70,14 +71,16 @@ def test_greedy_reference_equals_a_simple_full_forward_loop(ref):
 
 def test_sample_token_is_the_inverse_cdf_draw():
     logits = torch.tensor([0.0, 1.0, 2.0, -1.0])
-    assert sample_token(logits, 0.0, None) == 2
+    assert sample_token(logits, 0.0, None, 0) == 2
     with pytest.raises(ValueError, match="seed"):
-        sample_token(logits, 1.0, None)
-    g = torch.Generator().manual_seed(11)
-    u = float(torch.rand(1, generator=torch.Generator().manual_seed(11)))
+        sample_token(logits, 1.0, None, 0)
     cdf = torch.cumsum(torch.softmax(logits / 0.7, dim=-1), dim=0)
-    expected = int((cdf <= u * float(cdf[-1])).sum())
-    assert sample_token(logits, 0.7, g) == expected
+    drawn = []
+    for position in range(12):
+        u = seeded_uniform(11, position)
+        drawn.append(sample_token(logits, 0.7, 11, position))
+        assert drawn[-1] == int((cdf <= u * float(cdf[-1])).sum())
+    assert len(set(drawn)) > 1
 
 
 @pytest.mark.parametrize("temperature,seed", [(0.0, None), (1.0, 7), (1.0, STOPPING_SEED), (0.8, 123)])

@@ -18,6 +18,9 @@ from random_models import make_model_dir
 
 VOCAB = 16
 
+# seeded_uniform(42, 0..2), pinned so a change of the rule is deliberate.
+PINNED_UNIFORMS = [0.5961188673973083, 0.16036534309387207, 0.16639775037765503]
+
 
 def state(req_id=0, tokens=(1, 2), prompt=None, **params) -> RequestState:
     tokens = list(tokens)
@@ -51,16 +54,57 @@ def test_seeded_request_does_not_depend_on_batch():
     logits = torch.zeros(VOCAB)  # uniform: every draw is pure randomness
     sampler = Sampler(123, torch.device("cpu"))
     alone = state(0, temperature=1.0, seed=42)
-    alone_tokens = [int(sampler.sample(logits[None], [alone]).token_ids[0]) for _ in range(20)]
+    alone_tokens = []
+    for _ in range(20):
+        alone_tokens.append(int(sampler.sample(logits[None], [alone]).token_ids[0]))
+        alone.token_ids.append(alone_tokens[-1])
     batched = state(0, temperature=1.0, seed=42)
     others = [state(1, temperature=1.0), state(2, temperature=1.0, seed=7)]
     batched_tokens = []
     for i in range(20):
         rows = [others[0], batched, others[1]] if i % 2 else [batched, others[0]]
         out = sampler.sample(logits.expand(len(rows), VOCAB).clone(), rows)
+        for st, token in zip(rows, out.token_ids.tolist()):
+            st.token_ids.append(token)
         batched_tokens.append(int(out.token_ids[rows.index(batched)]))
     assert alone_tokens == batched_tokens
     assert len(set(alone_tokens)) > 3  # really random
+
+
+def test_seeded_draw_depends_on_seed_and_output_position_only():
+    logits = torch.zeros(VOCAB)
+    first = Sampler(1, torch.device("cpu"))
+    st = state(0, tokens=(1, 2, 3), prompt=3, temperature=1.0, seed=42)
+    tokens = []
+    for _ in range(12):
+        tokens.append(int(first.sample(logits[None], [st]).token_ids[0]))
+        st.token_ids.append(tokens[-1])
+    # Recomputed after preemption at output position 5, by another sampler: the same continuation.
+    resumed = state(0, tokens=[1, 2, 3] + tokens[:5], prompt=3, temperature=1.0, seed=42)
+    again = []
+    for _ in range(7):
+        again.append(int(Sampler(99, torch.device("cpu")).sample(logits[None], [resumed]).token_ids[0]))
+        resumed.token_ids.append(again[-1])
+    assert again == tokens[5:]
+    other_seed = state(0, tokens=(1, 2, 3), prompt=3, temperature=1.0, seed=43)
+    differ = []
+    for _ in range(12):
+        differ.append(int(first.sample(logits[None], [other_seed]).token_ids[0]))
+        other_seed.token_ids.append(differ[-1])
+    assert differ != tokens
+
+
+def test_seeded_uniform_is_a_fixed_hash_of_seed_and_position():
+    from baton_worker.sampler import seeded_uniform
+
+    values = [seeded_uniform(seed, pos) for seed in (0, 1, -1, 7, 12345) for pos in range(200)]
+    assert all(0.0 <= v < 1.0 and v * 2**24 == int(v * 2**24) for v in values)
+    assert seeded_uniform(1, 7) == seeded_uniform(2**64 + 1, 7)  # seeds are taken modulo 2**64
+    assert seeded_uniform(-1, 3) == seeded_uniform(2**64 - 1, 3)
+    assert len(set(values)) > 990  # 1000 draws of 24 bits: collisions are rare
+    assert abs(float(np.mean(values)) - 0.5) < 0.03
+    # Pinned: a change of the rule changes every seeded request's output.
+    assert [seeded_uniform(42, p) for p in range(3)] == PINNED_UNIFORMS
 
 
 def test_unseeded_requests_follow_the_worker_seed():
@@ -180,3 +224,43 @@ def test_top_k_then_top_p_renormalise_within_top_k():
     logits = probs_logits(0.4, 0.3, 0.2, 0.1)
     assert draws(sampler, logits, state(temperature=1.0, top_k=2, top_p=0.5)) == {0}
     assert draws(sampler, logits, state(temperature=1.0, top_k=2, top_p=0.6)) == {0, 1}
+
+
+@pytest.mark.parametrize("vocab", [16, 2049, 3000, 4096, 151936])
+def test_blocked_argmax_is_torch_argmax(vocab):
+    from baton_worker.sampler import first_argmax
+
+    gen = torch.Generator().manual_seed(vocab)
+    # bf16-rounded logits tie often; ties across and inside blocks, -inf rows and a NaN row.
+    x = (torch.randn(40, vocab, generator=gen) * 2).to(torch.bfloat16).float()
+    x[1] = 1.0
+    x[2, -1] = 100.0
+    x[3, [5, vocab - 1]] = 100.0
+    x[4, [vocab - 2, vocab - 1]] = 100.0
+    x[5] = float("-inf")
+    x[6, vocab // 2] = float("nan")
+    assert torch.equal(first_argmax(x), torch.argmax(x, dim=-1))
+    assert torch.equal(first_argmax(x[7:9]), torch.argmax(x[7:9], dim=-1))
+
+
+@pytest.mark.parametrize("vocab", [16, 1024, 1500, 151936])
+def test_inverse_cdf_draws_only_tokens_with_weight_and_spans_the_mass(vocab):
+    from baton_worker.sampler import VOCAB_BLOCK, inverse_cdf
+
+    gen = torch.Generator().manual_seed(vocab)
+    weights = torch.rand(6, vocab, generator=gen)
+    weights[weights < 0.9] = 0.0  # holes everywhere
+    weights[0, :-1], weights[0, -1] = 0.0, 0.5  # only the last token
+    weights[1, 1:], weights[1, 0] = 0.0, 0.5  # only the first token
+    weights[2, : max(vocab - VOCAB_BLOCK // 2, 0)] = 0.0  # mass only in the last (possibly partial) block
+    weights[2, -3] = 0.7
+    # u at the edges: 0, a half and the largest float32 below 1; and 1.0 itself.
+    for u in (0.0, 0.5, 1 - 2**-24, 1.0):
+        picked = inverse_cdf(weights, torch.full((6, 1), u))
+        assert (weights.gather(1, picked[:, None]) > 0).all(), u
+    assert inverse_cdf(weights[:2], torch.full((2, 1), 0.999)).tolist() == [vocab - 1, 0]
+    # The draw is u's quantile: u = 0 gives the first token with weight, u -> 1 the last.
+    first = (weights > 0).int().argmax(-1)
+    last = vocab - 1 - (weights > 0).int().flip(-1).argmax(-1)
+    assert torch.equal(inverse_cdf(weights, torch.zeros(6, 1)), first)
+    assert torch.equal(inverse_cdf(weights, torch.full((6, 1), 1 - 2**-24)), last)

@@ -18,18 +18,21 @@ import torch
 
 from baton_worker.protocol import SamplingParams
 from baton_worker.request_state import RequestState
-from baton_worker.sampler import SAMPLING_EPS, SampleOutput, Sampler
+from baton_worker.sampler import SAMPLING_EPS, VOCAB_BLOCK, SampleOutput, Sampler, seeded_uniform
 
 # ---------------------------------------------------------------------------
 # The per-row sampler as it was before batching (baton_worker/sampler.py at
-# c486cff), kept as the reference. Only change: its penalty tensors and
-# generators live in its own books instead of on the RequestState.
+# c486cff), kept as the reference. Changes since: its penalty tensors live in
+# its own books instead of on the RequestState; a seeded row's uniform number
+# is seeded_uniform(seed, output position) instead of the next number of a
+# per-request generator (so preemption cannot change it); a draw over the
+# whole vocabulary sums blocks of VOCAB_BLOCK tokens before the block it lands
+# in (not one cumsum along the row); u * total is kept below total.
 
 
 @dataclass
 class _Books:
     state: RequestState  # keeps the id(state) key unique while the books live
-    generator: torch.Generator | None = None
     output_counts: torch.Tensor | None = None
     seen_mask: torch.Tensor | None = None
     counted: int = 0
@@ -82,19 +85,15 @@ class ReferenceSampler:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / s.temperature, dim=-1)
         ids, weights = _restrict(probs, s.min_p, s.top_k, s.top_p)
+        if s.seed is None:
+            u = torch.rand(1, generator=self.generator, device=probs.device)
+        else:
+            u = torch.tensor([seeded_uniform(s.seed, state.num_output_tokens)], device=probs.device)
+        if ids is None:
+            return _draw_blocked(weights, u)
         cdf = torch.cumsum(weights, dim=0)
-        u = torch.rand(1, generator=self._generator_for(state), device=cdf.device) * cdf[-1]
-        pick = int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
-        return pick if ids is None else int(ids[pick])
-
-    def _generator_for(self, state: RequestState) -> torch.Generator:
-        if state.sampling.seed is None:
-            return self.generator
-        books = self._books(state)
-        if books.generator is None:
-            books.generator = torch.Generator(device=self.device)
-            books.generator.manual_seed(state.sampling.seed & 0xFFFF_FFFF_FFFF_FFFF)
-        return books.generator
+        pick = int(torch.searchsorted(cdf, _below(u * cdf[-1], cdf[-1]), right=True).clamp(max=cdf.numel() - 1))
+        return int(ids[pick])
 
     def _apply_penalties(self, logits: torch.Tensor, state: RequestState) -> torch.Tensor:
         s = state.sampling
@@ -147,6 +146,25 @@ def _update_counts(state: RequestState, books: _Books, vocab: int, device: torch
         out = out[out < vocab]
         books.output_counts += torch.bincount(out, minlength=vocab).to(torch.int32)
     books.counted = len(state.token_ids)
+
+
+def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
+
+
+def _draw_blocked(weights: torch.Tensor, u: torch.Tensor) -> int:
+    """The whole-vocabulary draw of one row: block sums, their running total,
+    then the cumulative weights inside the block the target falls in."""
+    n, b = weights.numel(), VOCAB_BLOCK
+    full = n // b * b
+    sums = ([weights[:full].view(-1, b).sum(-1)] if full else []) + ([weights[full:].sum(-1, keepdim=True)] if full < n else [])
+    cum = torch.cumsum(torch.cat(sums), dim=0)
+    target = _below(u * cum[-1], cum[-1])
+    block = int(torch.searchsorted(cum, target, right=True).clamp(max=cum.numel() - 1))
+    rest = target - (cum[block - 1] if block else 0.0)
+    inside = weights[block * b : (block + 1) * b]
+    last = int(torch.nonzero(inside > 0).max())
+    return block * b + min(int(torch.searchsorted(torch.cumsum(inside, dim=0), rest, right=True)), last)
 
 
 def _restrict(probs: torch.Tensor, min_p: float, top_k: int, top_p: float) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -15,6 +15,8 @@ export interface Ask {
   maxTokens: number;
   stopTokenIds?: number[];
   ignoreEos?: boolean;
+  /** Sampling fields sent as they are (default: greedy). */
+  sampling?: { temperature: number; seed?: number; top_p?: number; top_k?: number };
 }
 
 /** Deterministic pseudo-random prompt ids in a plain-text range of the Qwen3 vocabulary. */
@@ -31,6 +33,7 @@ export async function complete(url: string, ask: Ask): Promise<Completion> {
     prompt: ask.prompt,
     max_tokens: ask.maxTokens,
     temperature: 0,
+    ...ask.sampling,
     return_token_ids: true,
     ...(ask.stopTokenIds ? { stop_token_ids: ask.stopTokenIds } : {}),
     ...(ask.ignoreEos ? { ignore_eos: true } : {}),

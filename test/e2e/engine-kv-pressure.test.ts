@@ -1,6 +1,8 @@
 // KV pressure end to end: the demo model served with very few KV blocks and
-// many long concurrent requests. Every request completes, greedy outputs equal
-// an unpressured server's, and the engine preempted (vllm:num_preemptions_total).
+// many long concurrent requests. Every request completes, greedy and seeded
+// outputs equal an unpressured server's (a preempted seeded request is
+// recomputed and must draw the same tokens), and the engine preempted
+// (vllm:num_preemptions_total).
 
 import assert from "node:assert/strict";
 import { after, describe, test } from "node:test";
@@ -8,8 +10,14 @@ import { startServer, type RunningServer } from "./harness.js";
 import { completeAll, metric, promptIds, summary, type Ask } from "./engine-common.js";
 
 // 16 requests of 40..70 prompt tokens + 48 output tokens, block size 16: about
-// 6-8 blocks each at the end, ~110 in all; 24 blocks force preemption.
-const ASKS: Ask[] = Array.from({ length: 16 }, (_, i) => ({ prompt: promptIds(i, 40 + 2 * i), maxTokens: 48, ignoreEos: true }));
+// 6-8 blocks each at the end, ~110 in all; 24 blocks force preemption. Every
+// other request samples at temperature 1 with its own seed.
+const ASKS: Ask[] = Array.from({ length: 16 }, (_, i) => ({
+  prompt: promptIds(i, 40 + 2 * i),
+  maxTokens: 48,
+  ignoreEos: true,
+  ...(i % 2 ? { sampling: { temperature: 1.0, top_p: 0.95, seed: 1000 + i } } : {}),
+}));
 
 describe("KV pressure through HTTP (demo model)", () => {
   const servers: RunningServer[] = [];
@@ -17,7 +25,7 @@ describe("KV pressure through HTTP (demo model)", () => {
     for (const s of servers) await s.stop();
   });
 
-  test("every request completes with the unpressured greedy output, and preemption happened", async () => {
+  test("every request completes with the unpressured greedy or seeded output, and preemption happened", async () => {
     const roomy = await startServer(["--max-num-batched-tokens", "256"]);
     servers.push(roomy);
     const expected = (await completeAll(roomy.url, ASKS)).map(summary);

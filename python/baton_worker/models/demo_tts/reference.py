@@ -12,9 +12,9 @@ CLI: python -m baton_worker.models.demo_tts.reference MODEL_DIR --text ... [--vo
 The LLM runs in transformers' LlamaForCausalLM (float32, its own KV cache, no
 paging), sampling exactly as Baton's worker does for a seeded request
 (sampler.py): temperature below SAMPLING_EPS is argmax of the raw logits;
-otherwise softmax(logits / T), then one `torch.rand(1, generator=g)` per token
-from g = torch.Generator().manual_seed(seed), scaled by the last cumulative
-probability, and searchsorted(cdf, u, right=True) (no top-k/top-p). It stops
+otherwise softmax(logits / T), then the worker's inverse-CDF draw
+(sampler.inverse_cdf) with u = sampler.seeded_uniform(seed, i) for the i-th
+generated token (no top-k/top-p). It stops
 after end-of-audio (which is kept as the stream's last item) or at max_tokens
 generated tokens, the first one (prefill's) included. Then the codec runs over
 exactly the chunks SlidingWindowChunkPolicy yields for that many items
@@ -33,14 +33,11 @@ from pathlib import Path
 
 import torch
 
-from ...sampler import SAMPLING_EPS
+from ...sampler import SAMPLING_EPS, inverse_cdf, seeded_uniform
 from .audio import pcm_to_s16le
 from .spec import DemoTTSSpec
 from .streaming import CodecStream, load_codec_stream, sliding_window_chunks
 from .text import prompt_ids
-
-SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF  # the worker's: seeds are taken modulo 2**64
-
 
 @dataclass
 class ReferenceResult:
@@ -60,16 +57,14 @@ class ReferenceResult:
         ]
 
 
-def sample_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    """One token from float32 logits [vocab], as Baton's worker samples a seeded request."""
+def sample_token(logits: torch.Tensor, temperature: float, seed: int | None, position: int) -> int:
+    """Output token `position` (0: the first) from float32 logits [vocab], as Baton's worker samples a seeded request."""
     if temperature < SAMPLING_EPS:
         return int(torch.argmax(logits))
-    if generator is None:
+    if seed is None:
         raise ValueError("sampling with temperature > 0 needs a seed to be reproducible")
     probs = torch.softmax(logits / temperature, dim=-1)
-    cdf = torch.cumsum(probs, dim=0)
-    u = torch.rand(1, generator=generator, device=cdf.device) * cdf[-1]
-    return int(torch.searchsorted(cdf, u, right=True).clamp(max=cdf.numel() - 1))
+    return int(inverse_cdf(probs[None], torch.tensor([[seeded_uniform(seed, position)]])))
 
 
 class Reference:
@@ -84,12 +79,11 @@ class Reference:
     @torch.inference_mode()
     def generate(self, prompt: list[int], max_tokens: int, temperature: float, seed: int | None) -> tuple[list[int], str]:
         """Generated ids and the finish reason ("stop" or "length")."""
-        generator = None if seed is None else torch.Generator().manual_seed(seed & SEED_MASK)
         eoa = self.spec.tokens.end_of_audio
         out = self.llm(input_ids=torch.tensor([prompt]), use_cache=True)
         tokens: list[int] = []
         while True:
-            token = sample_token(out.logits[0, -1].float(), temperature, generator)
+            token = sample_token(out.logits[0, -1].float(), temperature, seed, len(tokens))
             tokens.append(token)
             if token == eoa:
                 return tokens, "stop"
