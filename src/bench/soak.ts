@@ -101,15 +101,19 @@ function openFds(pid: number): number {
   }
 }
 
-/** Live baton_worker processes started by `parent`, and orphans (reparented) of this model. */
-function workerProcesses(parent: number, modelDir: string): { children: number[]; orphans: number[] } {
+/** The environment variable that marks this run's server, and so its workers (they inherit it). */
+const RUN_MARKER = "BATON_SOAK_RUN";
+
+/** Live baton_worker processes of this run (`runId`): the server's children, and any other (an orphan). */
+function workerProcesses(parent: number, runId: string): { children: number[]; orphans: number[] } {
   const children: number[] = [];
   const orphans: number[] = [];
+  const marker = `${RUN_MARKER}=${runId}\0`;
   for (const entry of readdirSync("/proc")) {
     if (!/^\d+$/.test(entry)) continue;
     try {
       const cmdline = readFileSync(`/proc/${entry}/cmdline`, "utf8");
-      if (!cmdline.includes("baton_worker") || !cmdline.includes(modelDir)) continue;
+      if (!cmdline.includes("baton_worker") || !readFileSync(`/proc/${entry}/environ`, "utf8").includes(marker)) continue;
       const status = readFileSync(`/proc/${entry}/status`, "utf8");
       if (/^State:\s+Z/m.test(status)) continue;
       const ppid = Number(/^PPid:\s+(\d+)/m.exec(status)?.[1]);
@@ -149,9 +153,9 @@ async function healthy(base: URL): Promise<boolean> {
   }
 }
 
-async function stateOf(base: URL, server: ServerProcess, modelDir: string): Promise<SoakState> {
+async function stateOf(base: URL, server: ServerProcess, runId: string): Promise<SoakState> {
   const m = await metrics(base);
-  const workers = workerProcesses(server.pid, modelDir).children;
+  const workers = workerProcesses(server.pid, runId).children;
   return {
     freeKvBlocks: m.get("baton:kv_free_blocks") ?? -1,
     kvBlocks: m.get("baton:kv_total_blocks") ?? -1,
@@ -298,14 +302,22 @@ async function client(base: URL, rng: SeededRandom, tally: Tally, until: number)
 
 // ---- faults ---------------------------------------------------------------------
 
-async function faults(base: URL, server: ServerProcess, options: SoakOptions, rng: SeededRandom, until: number, done: { sigkill: number; sigstop: number }): Promise<void> {
+async function faults(
+  base: URL,
+  server: ServerProcess,
+  runId: string,
+  options: SoakOptions,
+  rng: SeededRandom,
+  until: number,
+  done: { sigkill: number; sigstop: number },
+): Promise<void> {
   if (options.faultIntervalS <= 0) return;
   for (;;) {
     // Exponential gaps: faults at random, not on a beat.
     const gapMs = -Math.log(1 - rng.next()) * options.faultIntervalS * 1000;
     if (performance.now() + gapMs >= until) return;
     await sleep(gapMs);
-    const pid = workerProcesses(server.pid, options.modelDir).children[0];
+    const pid = workerProcesses(server.pid, runId).children[0];
     if (pid === undefined || !(await healthy(base))) continue;
     const signal = rng.next() < 0.6 ? "SIGKILL" : "SIGSTOP";
     try {
@@ -319,7 +331,7 @@ async function faults(base: URL, server: ServerProcess, options: SoakOptions, rn
     // One fault at a time: the next only once a new worker serves (a stopped one is found by the watchdog first).
     const deadline = performance.now() + RECOVERY_TIMEOUT_MS;
     for (;;) {
-      const current = workerProcesses(server.pid, options.modelDir).children;
+      const current = workerProcesses(server.pid, runId).children;
       if (current.length === 1 && current[0] !== pid && (await healthy(base))) break;
       if (performance.now() > deadline) {
         options.log(`no new worker serving ${RECOVERY_TIMEOUT_MS / 1000} s after the ${signal}; no more faults`);
@@ -350,7 +362,8 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     "warn",
   ];
   options.log(`starting ${command.slice(2).join(" ")}`);
-  const server = await ServerProcess.start({ name: "baton", command, env: process.env, cwd: options.repoRoot, baseUrl: base, startTimeoutMs: 300_000 });
+  const runId = `${process.pid}-${Date.now()}`;
+  const server = await ServerProcess.start({ name: "baton", command, env: { ...process.env, [RUN_MARKER]: runId }, cwd: options.repoRoot, baseUrl: base, startTimeoutMs: 300_000 });
   const problems: string[] = [];
   try {
     // Warm up (first steps, allocator pools) before the start state is taken.
@@ -358,7 +371,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     const warmRng = new SeededRandom(options.seed + 1);
     await Promise.all(Array.from({ length: options.concurrency }, () => client(base, warmRng, warm, performance.now() + 10_000)));
     await waitIdle(base, 60_000);
-    const start = await stateOf(base, server, options.modelDir);
+    const start = await stateOf(base, server, runId);
     options.log(`start: ${JSON.stringify(start)}`);
 
     const tally: Tally = { served: 0, disconnected: 0, rejectedBadRequest: 0, errors: new Map(), tokens: 0 };
@@ -371,7 +384,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     try {
       await Promise.all([
         ...Array.from({ length: options.concurrency }, () => client(base, rng, tally, until)),
-        faults(base, server, options, new SeededRandom(options.seed + 2), until, faultCount),
+        faults(base, server, runId, options, new SeededRandom(options.seed + 2), until, faultCount),
       ]);
     } finally {
       clearInterval(progress);
@@ -382,13 +395,13 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     while (!(await healthy(base)) && performance.now() < backDeadline) await sleep(250);
     if (!(await healthy(base))) problems.push("the server did not become healthy again after the run");
     if (!(await waitIdle(base, 60_000))) problems.push("requests were still running a minute after the load stopped");
-    const end = await stateOf(base, server, options.modelDir);
+    const end = await stateOf(base, server, runId);
     const restarts = await snapshotRestarts(base);
     options.log(`end: ${JSON.stringify(end)}`);
 
     if (end.freeKvBlocks !== end.kvBlocks) problems.push(`KV blocks leaked: ${end.kvBlocks - end.freeKvBlocks} of ${end.kvBlocks} not free when idle`);
     if (end.tensorsHeld !== 0) problems.push(`graph tensors leaked: ${end.tensorsHeld} held when idle`);
-    const workers = workerProcesses(server.pid, options.modelDir);
+    const workers = workerProcesses(server.pid, runId);
     if (workers.children.length !== 1) problems.push(`expected one worker process, found ${workers.children.length}`);
     if (workers.orphans.length > 0) problems.push(`orphaned worker processes: ${workers.orphans.join(", ")}`);
     if (end.serverFds > start.serverFds + FD_SLACK) problems.push(`file descriptors leaked: ${start.serverFds} at the start, ${end.serverFds} at the end`);
@@ -415,7 +428,7 @@ export async function runSoak(options: SoakOptions): Promise<SoakResult> {
     // A drain, then exit 0: anything else is a problem too.
     await server.stop(60_000);
     if (server.exitCode !== 0) problems.push(`the server exited with ${server.exitCode} after SIGTERM`);
-    const left = workerProcesses(server.pid, options.modelDir);
+    const left = workerProcesses(server.pid, runId);
     if (left.children.length + left.orphans.length > 0) problems.push(`worker processes left after the server exited: ${[...left.children, ...left.orphans].join(", ")}`);
   }
 }
