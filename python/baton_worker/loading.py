@@ -45,6 +45,7 @@ from .loader import WeightReader, stderr_progress
 from .model import DecoderModel
 from .models import graph_model_class
 from .options import WorkerOptions
+from .parallel import Partition, TensorParallelGroup, check_tensor_parallel
 from .protocol import PROTOCOL_VERSION, Ready
 from .sampler import Sampler
 from .step_runner import StepRunner
@@ -146,23 +147,35 @@ class _Decoder:
 
 
 def _load_decoder(
-    opts: WorkerOptions, model_dir: Path, device: torch.device, attention_backend: str, fuse_weights: bool
+    opts: WorkerOptions,
+    model_dir: Path,
+    device: torch.device,
+    attention_backend: str,
+    fuse_weights: bool,
+    tp: TensorParallelGroup | None = None,
 ) -> _Decoder:
     dummy = opts.load_format == "dummy-null"
     config = load_model_config(model_dir, lenient=dummy)
     dtype = resolve_dtype(opts.dtype, config, device)
+    if tp is not None and dummy:
+        raise ConfigError("--tensor-parallel-size above 1 needs real weights (not --load-format dummy-null)")
     model, cache, attention = None, None, None
+    # Under tensor parallelism the KV cache holds this rank's heads only, so the
+    # same budget gives every rank the same block count (the engine's block ids
+    # address every rank's shard alike).
+    local = Partition.of(config, tp.rank, tp.size).local_config(config) if tp is not None else config
     if not dummy:
-        reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None)
-        model = DecoderModel(config, reader, fuse=fuse_weights)
+        reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress and (tp is None or tp.is_driver) else None)
+        model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp)
         reader.close()
-    num_blocks = _num_blocks(opts, config, dtype, device)
+    num_blocks = _num_blocks(opts, local, dtype, device)
     max_model_len = _max_model_len(opts, config, num_blocks)
     if not dummy:
-        cache = KVCache(config, num_blocks, opts.block_size, dtype, device)
-        attention = make_backend(attention_backend, cache, config.num_heads, model.scale, config.sliding_windows)
+        cache = KVCache(local, num_blocks, opts.block_size, dtype, device)
+        attention = make_backend(attention_backend, cache, local.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
-    if isinstance(attention, FlexBackend) and device.type == "cuda":
+    # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
+    if isinstance(attention, FlexBackend) and device.type == "cuda" and tp is None:
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device)
 
@@ -199,9 +212,22 @@ def hosted_nodes(requested: list[str] | None, engines: dict[str, EngineType], mo
     return hosted
 
 
-def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True) -> LoadedWorker:
+def check_tensor_parallel_model(opts: WorkerOptions) -> None:
+    """ConfigError unless the model directory is a plain LLM that splits into
+    --tensor-parallel-size ranks (checked by rank 0 before it starts the others)."""
+    model_dir = Path(opts.model)
+    architecture = _config_architecture(model_dir) if model_dir.is_dir() else None
+    if graph_model_class(architecture) is not None:
+        raise ConfigError(f"--tensor-parallel-size above 1 serves plain LLMs; {architecture} is a graph model")
+    check_tensor_parallel(load_model_config(model_dir, lenient=opts.load_format == "dummy-null"), opts.tensor_parallel_size)
+
+
+def load_worker(
+    opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True, tp: TensorParallelGroup | None = None
+) -> LoadedWorker:
     """attention_backend: auto (cpu on CPU, flex on CUDA), reference, cpu or flex;
-    fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks).
+    fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks);
+    tp: this process's tensor-parallel rank group (None: the whole model here).
 
     A directory whose architecture is a registered graph model (models/__init__.py)
     loads that model; any other is a plain LLM, the one-node graph LLMGraphModel."""
@@ -219,13 +245,15 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
                 f"{architecture or 'this directory'} is a plain LLM, which takes none"
             )
         hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)" if architecture else "a plain LLM")
-        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights)
+        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights, tp)
         model: GraphModel = LLMGraphModel(decoder.max_model_len)
         graph = export_graph(model)
         hosted = [LLM_NODE]
         kv_node: str | None = LLM_NODE
         architecture = decoder.config.architecture
     else:
+        if tp is not None:
+            raise ConfigError(f"--tensor-parallel-size above 1 serves plain LLMs; {architecture} is a graph model")
         try:
             model = graph_class(model_dir, **model_kwargs)
         except TypeError as e:

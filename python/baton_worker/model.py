@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .attention import AttentionBackend
 from .config import ModelConfig
 from .loader import WeightReader
+from .parallel import Partition, TensorParallelGroup
 from .rope import Rotary
 
 
@@ -57,25 +58,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
-def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool) -> LayerWeights:
+def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool, part: Partition | None = None) -> LayerWeights:
+    """part: this rank's share under tensor parallelism (None: the whole layer)."""
     p = f"model.layers.{i}."
+    attn, mlp = p + "self_attn.", p + "mlp."
+    d = config.head_dim
+    # Column-parallel (q/k/v, gate/up: output rows) and row-parallel (o, down: input columns) slices.
+    qkv_rows = (lambda n, t: t) if part is None else (lambda n, t: part.qkv_rows(n, t, d))
+    inter_rows = (lambda t: t) if part is None else part.intermediate_rows
+    o_columns = (lambda t: t) if part is None else (lambda t: part.o_columns(t, d))
+    down_columns = (lambda t: t) if part is None else part.down_columns
 
     def opt(name: str, wanted: bool) -> torch.Tensor | None:
         return reader.get(p + name) if wanted else None
 
-    attn, mlp = p + "self_attn.", p + "mlp."
     return LayerWeights(
         input_norm=reader.get(p + "input_layernorm.weight"),
-        qkv=_fused([reader.get(attn + f"{n}_proj.weight") for n in "qkv"], fuse),
-        qkv_bias=_fused([opt(f"self_attn.{n}_proj.bias", config.qkv_bias) for n in "qkv"], fuse),
-        o_proj=reader.get(attn + "o_proj.weight"),
+        qkv=_fused([qkv_rows(n, reader.get(attn + f"{n}_proj.weight")) for n in "qkv"], fuse),
+        qkv_bias=_fused(
+            [qkv_rows(n, reader.get(attn + f"{n}_proj.bias")) if config.qkv_bias else None for n in "qkv"], fuse
+        ),
+        o_proj=o_columns(reader.get(attn + "o_proj.weight")),
         o_bias=opt("self_attn.o_proj.bias", config.o_bias),
         q_norm=opt("self_attn.q_norm.weight", config.qk_norm),
         k_norm=opt("self_attn.k_norm.weight", config.qk_norm),
         post_norm=reader.get(p + "post_attention_layernorm.weight"),
-        gate_up=_fused([reader.get(mlp + f"{n}_proj.weight") for n in ("gate", "up")], fuse),
-        gate_up_bias=_fused([opt(f"mlp.{n}_proj.bias", config.mlp_bias) for n in ("gate", "up")], fuse),
-        down_proj=reader.get(mlp + "down_proj.weight"),
+        gate_up=_fused([inter_rows(reader.get(mlp + f"{n}_proj.weight")) for n in ("gate", "up")], fuse),
+        gate_up_bias=_fused(
+            [inter_rows(reader.get(mlp + f"{n}_proj.bias")) if config.mlp_bias else None for n in ("gate", "up")], fuse
+        ),
+        down_proj=down_columns(reader.get(mlp + "down_proj.weight")),
         down_bias=opt("mlp.down_proj.bias", config.mlp_bias),
     )
 
@@ -158,19 +170,28 @@ def _packed_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 class DecoderModel:
-    def __init__(self, config: ModelConfig, reader: WeightReader, fuse: bool = True):
-        self.config = config
+    """tp: this process's tensor-parallel rank group (None: one process holds
+    the whole model). With a group, self.config is the rank's local view (its
+    own head and intermediate counts) and full_config the model's."""
+
+    def __init__(self, config: ModelConfig, reader: WeightReader, fuse: bool = True, tp: TensorParallelGroup | None = None):
+        self.tp = tp
+        self.full_config = config
+        self.partition = Partition.of(config, tp.rank, tp.size) if tp is not None else None
+        part = self.partition
+        self.config = part.local_config(config) if part is not None else config
         self.dtype = reader.dtype
         self.device = reader.device
-        self.embed = reader.get("model.embed_tokens.weight")
-        self.layers = [_load_layer(reader, config, i, fuse) for i in range(config.num_layers)]
-        c = config
+        vocab_rows = (lambda t: t) if part is None else part.vocab_rows
+        self.embed = vocab_rows(reader.get("model.embed_tokens.weight"))
+        self.layers = [_load_layer(reader, config, i, fuse, part) for i in range(config.num_layers)]
+        c = self.config
         self.qkv_sizes = [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
         self.gate_up_sizes = [c.intermediate_size, c.intermediate_size]
         self.norm = reader.get("model.norm.weight")
         # Tied models usually omit lm_head.weight; share the embedding then.
         tied = config.tie_word_embeddings or not reader.has("lm_head.weight")
-        self.lm_head = LMHead(self.embed if tied else reader.get("lm_head.weight"))
+        self.lm_head = LMHead(self.embed if tied else vocab_rows(reader.get("lm_head.weight")))
         self.rotary = Rotary(config.rope, config.head_dim, self.device)
         self.scale = config.head_dim**-0.5
 
@@ -188,15 +209,16 @@ class DecoderModel:
         positions: torch.Tensor,
         logits_indices: torch.Tensor,
         attention: AttentionBackend,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """Runs all new tokens of a step (attention.prepare() already called for
-        it); returns float32 logits [len(logits_indices), vocab]."""
+        it); returns float32 logits [len(logits_indices), vocab] (None on a
+        tensor-parallel rank other than 0)."""
         return self.logits(self.hidden_states(input_ids, positions, attention), logits_indices)
 
     @torch.inference_mode()
     def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         """The residual stream after the last layer, one row per new token (before the final norm)."""
-        x = F.embedding(input_ids, self.embed)
+        x = F.embedding(input_ids, self.embed) if self.tp is None else self.tp.embed(input_ids, self.embed, self.partition)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.config.rms_norm_eps)
@@ -206,9 +228,14 @@ class DecoderModel:
         return x
 
     @torch.inference_mode()
-    def logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        """float32 logits of the hidden_states rows at `indices`."""
-        return self.lm_head(rms_norm(hidden.index_select(0, indices), self.norm, self.config.rms_norm_eps))
+    def logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits of the hidden_states rows at `indices`. Tensor parallel:
+        every rank must call it (the vocabulary slices are gathered); rank 0 gets
+        the logits, the others None."""
+        logits = self.lm_head(rms_norm(hidden.index_select(0, indices), self.norm, self.config.rms_norm_eps))
+        if self.tp is None:
+            return logits
+        return self.tp.gather_logits(logits, self.full_config.vocab_size)
 
     def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: AttentionBackend) -> torch.Tensor:
         c = self.config
@@ -222,9 +249,18 @@ class DecoderModel:
             k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
         q = self.rotary.apply(q, cos, sin)
         k = self.rotary.apply(k, cos, sin)
-        out = attention.run(i, q, k, v)
-        return F.linear(out.reshape(t, c.num_heads * c.head_dim), layer.o_proj, layer.o_bias)
+        out = attention.run(i, q, k, v).reshape(t, c.num_heads * c.head_dim)
+        if self.tp is None:
+            return F.linear(out, layer.o_proj, layer.o_bias)
+        return self._row_parallel(out, layer.o_proj, layer.o_bias)
 
     def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
         gate, up = _project(h, layer.gate_up, layer.gate_up_bias, self.gate_up_sizes)
-        return F.linear(F.silu(gate) * up, layer.down_proj, layer.down_bias)
+        if self.tp is None:
+            return F.linear(F.silu(gate) * up, layer.down_proj, layer.down_bias)
+        return self._row_parallel(F.silu(gate) * up, layer.down_proj, layer.down_bias)
+
+    def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A row-parallel projection: this rank's partial sum, all-reduced, then the (whole) bias once."""
+        out = self.tp.all_reduce(F.linear(x, weight))
+        return out if bias is None else out + bias

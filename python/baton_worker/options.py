@@ -5,6 +5,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
+    [--tensor-parallel-size N]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -16,6 +17,11 @@ worker's rank in the deployment (default 0): it goes into the `worker` field
 of every tensor descriptor this worker produces. --shm-bytes sizes the
 shared-memory arena through which tensors go to workers of other ranks
 (transfer/shm.py; 0, the default, creates none: a colocated worker needs none).
+
+--tensor-parallel-size N (default 1) makes this process rank 0 of N: it
+spawns ranks 1..N-1 with the same command line plus --tp-rank K and
+--tp-store HOST:PORT (the TCPStore rank 0 hosts, where the ranks meet);
+those two are internal to the rank group (parallel.py, server.py).
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -55,6 +61,9 @@ class WorkerOptions:
     # The deployment's model_kwargs: keyword arguments of a graph model's constructor.
     model_kwargs: dict | None = None
     shm_bytes: int = 0  # 0: no shared-memory arena
+    tensor_parallel_size: int = 1
+    tp_rank: int = 0  # this process's rank in the tensor-parallel group (0: the one the engine talks to)
+    tp_store: str | None = None  # HOST:PORT of rank 0's TCPStore (ranks above 0 only)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--model-kwargs", help="JSON object: keyword arguments of the graph model's constructor")
     p.add_argument("--shm-bytes", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--tp-rank", type=int, default=0)
+    p.add_argument("--tp-store")
     return p
 
 
@@ -102,6 +114,12 @@ def parse_options(argv: list[str]) -> WorkerOptions:
             raise OptionsError(f"--{name.replace('_', '-')} must be positive, got {value}")
     if args.rank < 0:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
+    if args.tensor_parallel_size < 1:
+        raise OptionsError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if not 0 <= args.tp_rank < args.tensor_parallel_size:
+        raise OptionsError(f"--tp-rank {args.tp_rank} is outside [0, {args.tensor_parallel_size})")
+    if (args.tp_rank > 0) != (args.tp_store is not None):
+        raise OptionsError("--tp-store is given to, and only to, tensor-parallel ranks above 0")
     if args.shm_bytes < 0:
         raise OptionsError(f"--shm-bytes must be >= 0, got {args.shm_bytes}")
     if args.nodes is not None:

@@ -6,6 +6,12 @@ Messages: Step -> StepResult (a Step with mask_rows waits for its StepMask
 after the forward pass), Ping -> Pong, Shutdown -> exit 0. Any failure
 (start-up or a malformed message) is sent as Fatal with a one-line message,
 printed to stderr, and the process exits 1 after giving ZeroMQ ~1 s to flush.
+
+Tensor parallel (--tensor-parallel-size N > 1): this process is rank 0 and the
+only one with sockets; it starts the other ranks (rank_group.py) and forwards
+each Step and the Shutdown to them with a torch.distributed broadcast before
+running it. Ranks above 0 (serve_rank) loop on those broadcasts, run the same
+forward, and never answer: rank 0 samples and sends the StepResult.
 """
 
 from __future__ import annotations
@@ -15,13 +21,16 @@ import sys
 import traceback
 
 import torch
+import torch.distributed as dist
 import zmq
 
 from . import protocol
 from .config import ConfigError
-from .loading import load_worker
-from .options import OptionsError, out_endpoint_from, parse_options
+from .loading import check_tensor_parallel_model, load_worker, resolve_device
+from .options import OptionsError, WorkerOptions, out_endpoint_from, parse_options
 from .orphan import protect_against_orphaning
+from .parallel import GROUP_TIMEOUT, TensorParallelGroup, rank_threads
+from .rank_group import RankGroup
 
 LINGER_MS = 1000
 
@@ -105,24 +114,29 @@ def fail(channel: Channel | None, message: str) -> int:
     return 1
 
 
-def serve(channel: Channel, runner, crash_token: int | None = None) -> int:
+def serve(channel: Channel, runner, crash_token: int | None = None, tp: TensorParallelGroup | None = None) -> int:
+    """tp: rank 0's group, to which every Step and the Shutdown are forwarded (None: no other ranks)."""
     while True:
         message = channel.next_message()
         if isinstance(message, protocol.Step):
             if crash_token is not None and any(crash_token in added.token_ids for added in message.added):
                 print(f"baton_worker: BATON_TEST_CRASH_TOKEN {crash_token} seen: exiting {CRASH_EXIT_CODE} (test-only)", file=sys.stderr, flush=True)
                 os._exit(CRASH_EXIT_CODE)
+            if tp is not None:
+                tp.broadcast_bytes(protocol.encode(message))
             channel.send(runner.execute(message, channel.wait_mask))
         elif isinstance(message, protocol.Ping):
             channel.send(protocol.Pong(message.nonce))
         elif isinstance(message, protocol.Shutdown):
+            if tp is not None:
+                tp.broadcast_bytes(protocol.encode(message))
             channel.close()
             return 0
         else:
             raise protocol.ProtocolError("message.tag", f"{type(message).__name__} is not sent to the worker")
 
 
-def set_cpu_threads() -> int:
+def set_cpu_threads(ranks_here: int = 1) -> int:
     """torch's intra-op threads: every core the process may use; OMP_NUM_THREADS, when set, wins.
 
     Measured end to end on the issue-9 workload (bench compare, 19.7M Llama,
@@ -133,33 +147,82 @@ def set_cpu_threads() -> int:
     the cores) 1 thread measured faster per step; set OMP_NUM_THREADS=1 there.
     """
     if "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores))
+        # Tensor-parallel ranks on one host share its cores.
+        torch.set_num_threads(rank_threads(ranks_here))
     return torch.get_num_threads()
+
+
+def _tp_device(opts: WorkerOptions, rank: int) -> torch.device:
+    """The rank's device: on CUDA, GPU number `rank` of this host."""
+    if opts.device != "cpu" and torch.cuda.is_available():
+        torch.cuda.set_device(rank)
+    return resolve_device(opts.device)
+
+
+def serve_rank(opts: WorkerOptions) -> int:
+    """A tensor-parallel rank above 0: join rank 0's group, load this rank's
+    shard, then run every Step rank 0 forwards until it forwards Shutdown.
+    Failures go to stderr only (rank 0 notices the exit and stops the group)."""
+    tp = None
+    try:
+        host, port = opts.tp_store.rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), opts.tensor_parallel_size, is_master=False, timeout=GROUP_TIMEOUT)
+        tp = TensorParallelGroup(opts.tp_rank, opts.tensor_parallel_size, store, _tp_device(opts, opts.tp_rank))
+        loaded = load_worker(opts, tp=tp)
+        while True:
+            message = protocol.decode(tp.broadcast_bytes(None))
+            if isinstance(message, protocol.Step):
+                loaded.graph_runner.execute(message)
+            elif isinstance(message, protocol.Shutdown):
+                return 0
+    except Exception as error:
+        if not isinstance(error, ConfigError):
+            traceback.print_exc()
+        print(f"baton_worker: fatal: tensor-parallel rank {opts.tp_rank}: {one_line(error)}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if tp is not None:
+            tp.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     protect_against_orphaning()
-    set_cpu_threads()
     try:
         opts = parse_options(argv)
     except OptionsError as error:
         out = out_endpoint_from(argv)
         return fail(Channel(None, out) if out else None, one_line(error))
+    set_cpu_threads(opts.tensor_parallel_size)
+    if opts.tp_rank > 0:
+        return serve_rank(opts)
     channel = Channel(opts.in_endpoint, opts.out_endpoint)
+    ranks, tp = None, None
     try:
-        loaded = load_worker(opts)
+        if opts.tensor_parallel_size > 1:
+            check_tensor_parallel_model(opts)  # a clear Fatal before any rank starts
+            ranks = RankGroup(argv, opts.tensor_parallel_size)
+            tp = TensorParallelGroup(0, opts.tensor_parallel_size, ranks.store, _tp_device(opts, 0))
+        loaded = load_worker(opts, tp=tp)
     except Exception as error:  # every start-up failure becomes one Fatal line
+        if ranks is not None:
+            ranks.kill()
         if not isinstance(error, (ConfigError, OptionsError)):
             traceback.print_exc()
         return fail(channel, one_line(error))
     channel.send(loaded.ready)
     try:
-        return serve(channel, loaded.graph_runner, crash_token_from_env())
+        code = serve(channel, loaded.graph_runner, crash_token_from_env(), tp)
+        if ranks is not None:
+            ranks.stop()  # they got the Shutdown: let them leave
+        return code
     except protocol.ProtocolError as error:
+        if ranks is not None:
+            ranks.kill()
         return fail(channel, one_line(error))
     except Exception as error:
+        if ranks is not None:
+            ranks.kill()
         traceback.print_exc()
         return fail(channel, one_line(error))
     finally:

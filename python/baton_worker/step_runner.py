@@ -117,9 +117,16 @@ class StepRunner:
             total = len(prompt.targets)
             prompt_out = PromptLogprobs(prompt.counts, np.zeros(total, np.float32), np.ones(total, np.int32), np.zeros(0, np.int32), np.zeros(0, np.float32))
         t2 = time.perf_counter()
-        # Waiting for a grammar mask counts as sampling time: the forward pass is done.
-        token_mask = self._token_mask(step, len(sampled), wait_mask)
-        out = self._sample(logits, sampled, inputs, token_mask)
+        tp = self.model.tp if self.model is not None else None
+        if tp is None or tp.is_driver:
+            # Waiting for a grammar mask counts as sampling time: the forward pass is done.
+            token_mask = self._token_mask(step, len(sampled), wait_mask)
+            out = self._sample(logits, sampled, inputs, token_mask)
+        else:
+            # Rank 0 samples (it alone has the logits and the grammar masks); here only its ids matter.
+            out = SampleOutput(np.zeros(0, np.int32), None, None, None, None)
+        if tp is not None:
+            out.token_ids = tp.broadcast_tokens(out.token_ids if tp.is_driver else None, len(sample_slots))
         if len(sample_slots):
             self.batch.append_tokens(sample_slots, out.token_ids)
             for state, token in zip(sampled, out.token_ids.tolist()):
@@ -279,7 +286,10 @@ class StepRunner:
         top_lps = np.empty((total, width), np.float32)
         for a in range(0, total, step):
             b = min(a + step, total)
-            lp = torch.log_softmax(self.model.logits(hidden, index[a:b]), dim=-1)
+            logits = self.model.logits(hidden, index[a:b])
+            if logits is None:
+                continue  # a tensor-parallel rank other than 0: it only lends its vocabulary slice
+            lp = torch.log_softmax(logits, dim=-1)
             chosen = lp.gather(1, targets[a:b, None])
             parts = [chosen[:, 0].view(torch.int32), ((lp > chosen).sum(dim=-1) + 1).to(torch.int32)]
             if width:
