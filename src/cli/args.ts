@@ -58,6 +58,8 @@ export interface ServeOptions {
   deployment: string | null;
   /** --shm-bytes N: each worker's shared-memory arena in a split deployment (default: a share of /dev/shm). */
   shmBytes: number | undefined;
+  /** --tensor-parallel-size N: the model split over N worker ranks (torch.distributed). */
+  tensorParallelSize: number;
   /** A worker that dies is restarted; this many restarts in a row, then the server gives up and exits 1. */
   maxWorkerRestarts: number;
   /** How often one request may be carried over to a restarted worker (0: requests on a dead worker end). */
@@ -89,6 +91,7 @@ const SERVE_FLAGS = {
   host: { type: "string" },
   deployment: { type: "string" },
   "shm-bytes": { type: "string" },
+  "tensor-parallel-size": { type: "string" },
   port: { type: "string" },
   "served-model-name": { type: "string" },
   "max-model-len": { type: "string" },
@@ -226,6 +229,9 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
   if (values["enable-auto-tool-choice"] === true && toolCallParser === null) {
     throw new UsageError("--enable-auto-tool-choice needs --tool-call-parser");
   }
+  if (values["tensor-parallel-size"] !== undefined && values.deployment !== undefined && values["tensor-parallel-size"] !== "1") {
+    throw new UsageError("--tensor-parallel-size and --deployment do not combine yet: tensor parallel serves a plain LLM");
+  }
   const seed = values.seed === undefined ? SERVE_DEFAULTS.seed : Number(values.seed);
   if (!Number.isSafeInteger(seed)) throw new UsageError(`invalid value '${values.seed}' for --seed: expected an integer`);
   return {
@@ -258,6 +264,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       enableAutoToolChoice: values["enable-auto-tool-choice"] === true,
       deployment: values.deployment ?? null,
       shmBytes: intFlag(values["shm-bytes"], "shm-bytes", 1, undefined),
+      tensorParallelSize: intFlag(values["tensor-parallel-size"], "tensor-parallel-size", 1, 1),
       maxWorkerRestarts: intFlag(values["max-worker-restarts"], "max-worker-restarts", 0, SERVE_DEFAULTS.maxWorkerRestarts),
       maxRequestMigrations: intFlag(values["max-request-migrations"], "max-request-migrations", 0, SERVE_DEFAULTS.maxRequestMigrations),
       stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
@@ -317,6 +324,8 @@ Options (vLLM's names; --flag value or --flag=value):
   --shm-bytes N                    each worker's shared-memory arena for tensors that cross between
                                    workers of a deployment (default: a quarter of /dev/shm, at most
                                    2 GiB, split between the workers)
+  --tensor-parallel-size N         split the model over N worker ranks (torch.distributed: gloo on CPU,
+                                   NCCL on CUDA); N must divide the attention heads (default 1)
   --max-worker-restarts N          restart a dead or hung worker up to N times in a row (1 s, 2 s, 4 s ...
                                    apart), then exit 1; 0: never (default ${SERVE_DEFAULTS.maxWorkerRestarts})
   --max-request-migrations N       carry a request over to a restarted worker at most N times; past it, or

@@ -186,6 +186,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         numBlocks: options.numGpuBlocksOverride,
         kvCacheMemoryBytes: options.kvCacheMemoryBytes,
         shmBytes: options.shmBytes,
+        tensorParallelSize: options.tensorParallelSize,
         maxModelLen: options.maxModelLen,
         dtype: options.dtype,
         device: options.device,

@@ -41,6 +41,12 @@ export interface WorkerOptions {
   modelKwargs?: Record<string, unknown>;
   /** Bytes of the worker's shared-memory arena, through which its tensors reach workers of other ranks (default: none). */
   shmBytes?: number;
+  /**
+   * Tensor-parallel ranks (default 1). The engine spawns and talks to rank 0
+   * only; rank 0 starts the others and forwards each Step to them (the group
+   * is one worker: any rank dying takes the group down).
+   */
+  tensorParallelSize?: number;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
   /**
