@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import torch.distributed as dist
 
@@ -57,13 +58,24 @@ class RankGroup:
         return [p.pid for p in self.ranks]
 
     def _watch(self, rank: int, process: subprocess.Popen) -> None:
-        code = process.wait()
+        process.wait()
         if self.stopping:
             return
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        print(f"baton_worker: fatal: tensor-parallel rank {rank} (pid {process.pid}) {how}; stopping the rank group", file=sys.stderr, flush=True)
+        print(f"baton_worker: fatal: {_death(rank, process)}", file=sys.stderr, flush=True)
         self.kill()
         os._exit(1)  # the main thread may be blocked in a collective that will never complete
+
+    def dead_rank(self, wait_s: float = 1.0) -> str | None:
+        """Why the group failed when a rank exited (a collective on rank 0 then
+        fails too, a moment after the exit); None when every rank still runs."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            for rank, process in enumerate(self.ranks, start=1):
+                if process.poll() is not None:
+                    return _death(rank, process)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.02)
 
     def kill(self) -> None:
         self.stopping = True
@@ -80,3 +92,9 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _death(rank: int, process: subprocess.Popen) -> str:
+    code = process.returncode
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    return f"tensor-parallel rank {rank} (pid {process.pid}) {how}; stopping the rank group"

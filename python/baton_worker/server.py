@@ -221,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
             ranks.kill()
         return fail(channel, one_line(error))
     except Exception as error:
+        # A collective fails when a peer rank died: name the rank, not the socket error.
+        dead = ranks.dead_rank() if ranks is not None else None
         if ranks is not None:
             ranks.kill()
-        traceback.print_exc()
-        return fail(channel, one_line(error))
+        if dead is None:
+            traceback.print_exc()
+        return fail(channel, dead or one_line(error))
     finally:
         loaded.graph_runner.close()  # unlinks the shared-memory arena
