@@ -52,6 +52,7 @@ describe("parseServeArgs", () => {
       maxRequestMigrations: 1,
       stepTimeoutS: null,
       shutdownTimeoutS: 20,
+      tensorParallelSize: 1,
     });
   });
 
@@ -89,6 +90,13 @@ describe("parseServeArgs", () => {
     assert.equal(parseServeArgs(["--async-scheduling"]).options.asyncScheduling, true);
     assert.throws(() => parseServeArgs(["--scheduling-policy", "lifo"]), UsageError);
     assert.throws(() => parseServeArgs(["--async-scheduling", "--no-async-scheduling"]), UsageError);
+  });
+
+  test("--tensor-parallel-size", () => {
+    assert.equal(parseServeArgs(["--tensor-parallel-size", "2"]).options.tensorParallelSize, 2);
+    assert.equal(parseServeArgs(["--tensor_parallel_size=4"]).options.tensorParallelSize, 4);
+    assert.throws(() => parseServeArgs(["--tensor-parallel-size", "0"]), UsageError);
+    assert.throws(() => parseServeArgs(["--tensor-parallel-size", "2", "--deployment", "d.yaml"]), /do not combine/);
   });
 
   test("--no-engine-thread", () => {
