@@ -5,7 +5,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
-    [--tensor-parallel-size N]
+    [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -22,6 +22,9 @@ shared-memory arena through which tensors go to workers of other ranks
 spawns ranks 1..N-1 with the same command line plus --tp-rank K and
 --tp-store HOST:PORT (the TCPStore rank 0 hosts, where the ranks meet);
 those two are internal to the rank group (parallel.py, server.py).
+--distributed-executor-backend picks how those ranks start: mp (default)
+as child processes of rank 0, ray as Ray actors in a placement group
+(rank_group.py).
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy-null")
+EXECUTOR_BACKENDS = ("mp", "ray")
 
 
 class OptionsError(Exception):
@@ -64,6 +68,7 @@ class WorkerOptions:
     tensor_parallel_size: int = 1
     tp_rank: int = 0  # this process's rank in the tensor-parallel group (0: the one the engine talks to)
     tp_store: str | None = None  # HOST:PORT of rank 0's TCPStore (ranks above 0 only)
+    distributed_executor_backend: str = "mp"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--tp-rank", type=int, default=0)
     p.add_argument("--tp-store")
+    p.add_argument("--distributed-executor-backend", default="mp")
     return p
 
 
@@ -106,6 +112,7 @@ def parse_options(argv: list[str]) -> WorkerOptions:
     _choice("dtype", args.dtype, DTYPES)
     _choice("device", args.device, DEVICES)
     _choice("load-format", args.load_format, LOAD_FORMATS)
+    _choice("distributed-executor-backend", args.distributed_executor_backend, EXECUTOR_BACKENDS)
     if args.block_size <= 0:
         raise OptionsError(f"--block-size must be positive, got {args.block_size}")
     for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len"):

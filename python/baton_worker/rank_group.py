@@ -32,6 +32,8 @@ from .parallel import GROUP_TIMEOUT
 
 # After Shutdown, how long ranks above 0 get to leave before they are killed.
 STOP_GRACE_S = 5.0
+# How long the Ray backend waits for its placement group's resources.
+PLACEMENT_TIMEOUT_S = 120.0
 
 
 class RankGroup:
@@ -92,6 +94,109 @@ class RankGroup:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+class RayRankGroup:
+    """Ranks 1..N-1 as Ray actors placed by a placement group (--distributed-executor-backend ray).
+
+    Rank 0 stays the process the engine spawned; it joins the Ray cluster
+    (RAY_ADDRESS, else a local instance ray.init starts) as a driver, reserves
+    one bundle per rank (PACK: on as few nodes as fit), and starts each other
+    rank as an actor in its bundle, running the same rank loop as a
+    subprocess rank would. The store lives at this node's address, so ranks on
+    other nodes reach it (and gloo) over TCP. The actors are owned by rank 0's
+    driver: Ray kills them when it exits, however it exits."""
+
+    def __init__(self, argv: list[str], size: int, device_type: str = "cpu"):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.ray = ray
+        self.size = size
+        self.stopping = False
+        # The actors import baton_worker as this process does.
+        env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"}
+        ray.init(namespace="baton", runtime_env={"env_vars": env}, log_to_driver=True)
+        resource = {"GPU": 1} if device_type == "cuda" else {"CPU": 1}
+        self.placement = placement_group([dict(resource)] * size, strategy="PACK")
+        ray.get(self.placement.ready(), timeout=PLACEMENT_TIMEOUT_S)
+        host = ray.util.get_node_ip_address()
+        self.store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
+        address = f"{host}:{self.store.port}"
+        actor = ray.remote(RankActor)
+        # Bundle 0 stands for rank 0 (this process); rank r runs in bundle r.
+        self.actors = [
+            actor.options(
+                num_cpus=resource.get("CPU", 0),
+                num_gpus=resource.get("GPU", 0),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+            ).remote()
+            for rank in range(1, size)
+        ]
+        # Before serve: an actor runs its calls in order, and serve runs until Shutdown.
+        self.nodes = ray.get([a.node.remote() for a in self.actors])
+        self.loops = [
+            a.serve.remote([*argv, "--tp-rank", str(rank), "--tp-store", address])
+            for rank, a in enumerate(self.actors, start=1)
+        ]
+        here = ray.get_runtime_context().get_node_id()
+        placed = ", ".join(f"rank {r} on node {n[:12]}" for r, n in enumerate([here, *self.nodes]))
+        print(f"baton_worker: tensor-parallel ranks placed by Ray: {placed}", file=sys.stderr, flush=True)
+        threading.Thread(target=self._watch, name="baton-tp-ray", daemon=True).start()
+
+    def _finished(self, timeout: float | None) -> str | None:
+        done, _ = self.ray.wait(self.loops, num_returns=1, timeout=timeout)
+        if not done:
+            return None
+        rank = self.loops.index(done[0]) + 1
+        try:
+            how = f"exited with code {self.ray.get(done[0])}"
+        except Exception as error:  # the actor died (killed, its node lost)
+            how = f"died ({type(error).__name__})"
+        return f"tensor-parallel rank {rank} (Ray actor on node {self.nodes[rank - 1][:12]}) {how}; stopping the rank group"
+
+    def _watch(self) -> None:
+        reason = self._finished(None)
+        if self.stopping:
+            return
+        print(f"baton_worker: fatal: {reason}", file=sys.stderr, flush=True)
+        self.kill()
+        os._exit(1)
+
+    def dead_rank(self, wait_s: float = 1.0) -> str | None:
+        return self._finished(wait_s)
+
+    def kill(self) -> None:
+        self.stopping = True
+        for a in self.actors:
+            self.ray.kill(a)
+
+    def stop(self) -> None:
+        self.stopping = True
+        try:
+            self.ray.get(self.loops, timeout=STOP_GRACE_S)
+        except Exception:
+            self.kill()
+        self.ray.util.remove_placement_group(self.placement)
+        self.ray.shutdown()
+
+
+class RankActor:
+    """A rank above 0 inside a Ray worker process."""
+
+    def node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def serve(self, argv: list[str]) -> int:
+        from .options import parse_options
+        from .server import serve_rank, set_cpu_threads
+
+        opts = parse_options(argv)
+        set_cpu_threads(opts.tensor_parallel_size)
+        return serve_rank(opts)
 
 
 def _death(rank: int, process: subprocess.Popen) -> str:

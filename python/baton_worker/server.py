@@ -30,7 +30,7 @@ from .loading import check_tensor_parallel_model, load_worker, resolve_device
 from .options import OptionsError, WorkerOptions, out_endpoint_from, parse_options
 from .orphan import protect_against_orphaning
 from .parallel import GROUP_TIMEOUT, TensorParallelGroup, rank_threads
-from .rank_group import RankGroup
+from .rank_group import RankGroup, RayRankGroup
 
 LINGER_MS = 1000
 
@@ -155,7 +155,7 @@ def set_cpu_threads(ranks_here: int = 1) -> int:
 def _tp_device(opts: WorkerOptions, rank: int) -> torch.device:
     """The rank's device: on CUDA, GPU number `rank` of this host."""
     if opts.device != "cpu" and torch.cuda.is_available():
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(rank % torch.cuda.device_count())  # a Ray actor sees only its own GPU
     return resolve_device(opts.device)
 
 
@@ -201,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if opts.tensor_parallel_size > 1:
             check_tensor_parallel_model(opts)  # a clear Fatal before any rank starts
-            ranks = RankGroup(argv, opts.tensor_parallel_size)
-            tp = TensorParallelGroup(0, opts.tensor_parallel_size, ranks.store, _tp_device(opts, 0))
+            device = _tp_device(opts, 0)
+            if opts.distributed_executor_backend == "ray":
+                ranks = RayRankGroup(argv, opts.tensor_parallel_size, device.type)
+            else:
+                ranks = RankGroup(argv, opts.tensor_parallel_size)
+            tp = TensorParallelGroup(0, opts.tensor_parallel_size, ranks.store, device)
         loaded = load_worker(opts, tp=tp)
     except Exception as error:  # every start-up failure becomes one Fatal line
         if ranks is not None:

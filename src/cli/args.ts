@@ -2,7 +2,7 @@
 // strict mode: an unknown flag or a bad value is a usage error (exit 2).
 
 import { parseArgs } from "node:util";
-import type { Device, Dtype, LoadFormat } from "../worker/types.js";
+import type { Device, DistributedExecutorBackend, Dtype, LoadFormat } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
@@ -60,6 +60,8 @@ export interface ServeOptions {
   shmBytes: number | undefined;
   /** --tensor-parallel-size N: the model split over N worker ranks (torch.distributed). */
   tensorParallelSize: number;
+  /** --distributed-executor-backend mp|ray: how ranks above 0 start (child processes, or Ray actors in a placement group). */
+  distributedExecutorBackend: DistributedExecutorBackend;
   /** A worker that dies is restarted; this many restarts in a row, then the server gives up and exits 1. */
   maxWorkerRestarts: number;
   /** How often one request may be carried over to a restarted worker (0: requests on a dead worker end). */
@@ -92,6 +94,7 @@ const SERVE_FLAGS = {
   deployment: { type: "string" },
   "shm-bytes": { type: "string" },
   "tensor-parallel-size": { type: "string" },
+  "distributed-executor-backend": { type: "string" },
   port: { type: "string" },
   "served-model-name": { type: "string" },
   "max-model-len": { type: "string" },
@@ -137,6 +140,7 @@ const DTYPES: Record<string, Dtype> = {
 };
 const DEVICES: readonly Device[] = ["auto", "cpu", "cuda"];
 const LOAD_FORMATS: readonly LoadFormat[] = ["auto", "dummy-null"];
+const EXECUTOR_BACKENDS: readonly DistributedExecutorBackend[] = ["mp", "ray"];
 
 /**
  * An integer, optionally with vLLM's human-readable suffixes: lower-case
@@ -265,6 +269,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       deployment: values.deployment ?? null,
       shmBytes: intFlag(values["shm-bytes"], "shm-bytes", 1, undefined),
       tensorParallelSize: intFlag(values["tensor-parallel-size"], "tensor-parallel-size", 1, 1),
+      distributedExecutorBackend: choice(values["distributed-executor-backend"], "distributed-executor-backend", EXECUTOR_BACKENDS, "mp"),
       maxWorkerRestarts: intFlag(values["max-worker-restarts"], "max-worker-restarts", 0, SERVE_DEFAULTS.maxWorkerRestarts),
       maxRequestMigrations: intFlag(values["max-request-migrations"], "max-request-migrations", 0, SERVE_DEFAULTS.maxRequestMigrations),
       stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
@@ -326,6 +331,9 @@ Options (vLLM's names; --flag value or --flag=value):
                                    2 GiB, split between the workers)
   --tensor-parallel-size N         split the model over N worker ranks (torch.distributed: gloo on CPU,
                                    NCCL on CUDA); N must divide the attention heads (default 1)
+  --distributed-executor-backend mp|ray   how ranks above 0 start: child processes of rank 0 (mp,
+                                   default) or Ray actors in a placement group (ray; the cluster at
+                                   RAY_ADDRESS, else a local one); the engine-worker link is then tcp://
   --max-worker-restarts N          restart a dead or hung worker up to N times in a row (1 s, 2 s, 4 s ...
                                    apart), then exit 1; 0: never (default ${SERVE_DEFAULTS.maxWorkerRestarts})
   --max-request-migrations N       carry a request over to a restarted worker at most N times; past it, or

@@ -187,6 +187,9 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         kvCacheMemoryBytes: options.kvCacheMemoryBytes,
         shmBytes: options.shmBytes,
         tensorParallelSize: options.tensorParallelSize,
+        distributedExecutorBackend: options.distributedExecutorBackend,
+        // Ray may place ranks on other hosts: the engine-worker link is TCP then.
+        transport: options.distributedExecutorBackend === "ray" ? "tcp" : undefined,
         maxModelLen: options.maxModelLen,
         dtype: options.dtype,
         device: options.device,

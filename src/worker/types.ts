@@ -6,6 +6,7 @@ import { ExecutorLostError, type StepExecutor } from "../engine/types.js";
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type Device = "auto" | "cpu" | "cuda";
 export type LoadFormat = "auto" | "dummy-null";
+export type DistributedExecutorBackend = "mp" | "ray";
 
 export interface WorkerOptions {
   modelDir: string;
@@ -47,6 +48,8 @@ export interface WorkerOptions {
    * is one worker: any rank dying takes the group down).
    */
   tensorParallelSize?: number;
+  /** How ranks above 0 start: "mp" (default) child processes of rank 0, "ray" actors in a Ray placement group. */
+  distributedExecutorBackend?: DistributedExecutorBackend;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
   /**

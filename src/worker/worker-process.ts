@@ -32,7 +32,10 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   if (opts.modelKwargs !== undefined && Object.keys(opts.modelKwargs).length > 0) args.push("--model-kwargs", JSON.stringify(opts.modelKwargs));
   if (opts.shmBytes !== undefined && opts.shmBytes > 0) args.push("--shm-bytes", String(opts.shmBytes));
-  if (opts.tensorParallelSize !== undefined && opts.tensorParallelSize > 1) args.push("--tensor-parallel-size", String(opts.tensorParallelSize));
+  if (opts.tensorParallelSize !== undefined && opts.tensorParallelSize > 1) {
+    args.push("--tensor-parallel-size", String(opts.tensorParallelSize));
+    if (opts.distributedExecutorBackend !== undefined) args.push("--distributed-executor-backend", opts.distributedExecutorBackend);
+  }
   return args;
 }
 

@@ -53,6 +53,7 @@ describe("parseServeArgs", () => {
       stepTimeoutS: null,
       shutdownTimeoutS: 20,
       tensorParallelSize: 1,
+      distributedExecutorBackend: "mp",
     });
   });
 
@@ -96,6 +97,8 @@ describe("parseServeArgs", () => {
     assert.equal(parseServeArgs(["--tensor-parallel-size", "2"]).options.tensorParallelSize, 2);
     assert.equal(parseServeArgs(["--tensor_parallel_size=4"]).options.tensorParallelSize, 4);
     assert.throws(() => parseServeArgs(["--tensor-parallel-size", "0"]), UsageError);
+    assert.equal(parseServeArgs(["--distributed-executor-backend", "ray"]).options.distributedExecutorBackend, "ray");
+    assert.throws(() => parseServeArgs(["--distributed-executor-backend", "slurm"]), UsageError);
     assert.throws(() => parseServeArgs(["--tensor-parallel-size", "2", "--deployment", "d.yaml"]), /do not combine/);
   });
 
