@@ -9,11 +9,13 @@ TCPStore this test hosts, as the worker's ranks meet at rank 0's.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from baton_worker.config import ConfigError
@@ -25,12 +27,12 @@ HERE = Path(__file__).resolve().parent
 RANK_TIMEOUT_S = 120
 
 
-def _run_ranks(script: str, size: int, out: Path, *args: str) -> None:
+def _run_ranks(script: str, size: int, out: Path, *args: str, env: dict | None = None) -> None:
     """Runs `size` ranks of a script (size 1: one process, no group) and checks they all exit 0."""
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False) if size > 1 else None
     port = str(store.port) if store is not None else "0"
     procs = [
-        subprocess.Popen([sys.executable, str(HERE / script), str(rank), str(size), port, str(out), *args])
+        subprocess.Popen([sys.executable, str(HERE / script), str(rank), str(size), port, str(out), *args], env=env)
         for rank in range(size)
     ]
     try:
@@ -134,3 +136,15 @@ def test_tp2_greedy_output_equals_tp1_on_every_architecture(tmp_path):
             assert lp2 == pytest.approx(lp1, abs=1e-4)
     print("\n".join(report))
     assert any(tp1[s.rsplit(":", 3)[0]]["prompt_logprobs"][-1] for s in specs)  # the prompt-logprob path ran
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL tensor parallel needs two GPUs")
+def test_tp2_on_nccl_equals_tp1_on_cuda(tmp_path):
+    """The CUDA path: NCCL for the model's collectives, gloo for the Step bytes and sampled ids."""
+    model_dir = make_model_dir("qwen3", tmp_path / "qwen3", 0)
+    spec = f"{model_dir}:4:8:-1"
+    env = {**os.environ, "BATON_TP_DEVICE": "cuda"}
+    _run_ranks("tp_sim.py", 1, tmp_path / "tp1.json", spec, env=env)
+    _run_ranks("tp_sim.py", 2, tmp_path / "tp2.json", spec, env=env)
+    one, two = (json.loads((tmp_path / f"tp{n}.json").read_text())[str(model_dir)] for n in (1, 2))
+    assert two["outputs"] == one["outputs"]

@@ -15,6 +15,7 @@ starting torch is the slow part.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -40,8 +41,10 @@ def prompts(vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(n)] for n in (1, 5, 13, 22)]
 
 
-def run(model_dir: str, block_size: int, budget: int, prompt_k: int, tp: TensorParallelGroup | None) -> dict:
-    opts = WorkerOptions(model=model_dir, in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=NUM_BLOCKS, dtype="float32")
+def run(model_dir: str, block_size: int, budget: int, prompt_k: int, tp: TensorParallelGroup | None, device: str) -> dict:
+    opts = WorkerOptions(
+        model=model_dir, in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=NUM_BLOCKS, dtype="float32", device=device
+    )
     runner = load_worker(opts, tp=tp).runner
     margins: list[float] = []
     sample = runner.sampler.sample
@@ -69,14 +72,18 @@ def run(model_dir: str, block_size: int, budget: int, prompt_k: int, tp: TensorP
 def main() -> None:
     rank, size, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(1)
+    # BATON_TP_DEVICE=cuda: rank r on GPU r, NCCL for the model's collectives.
+    device = os.environ.get("BATON_TP_DEVICE", "cpu")
+    if device == "cuda":
+        torch.cuda.set_device(rank)
     tp = None
     if size > 1:
         store = dist.TCPStore("127.0.0.1", port, size, is_master=False)
-        tp = TensorParallelGroup(rank, size, store, torch.device("cpu"))
+        tp = TensorParallelGroup(rank, size, store, torch.device(device, rank) if device == "cuda" else torch.device("cpu"))
     results = {}
     for spec in sys.argv[5:]:
         model_dir, block_size, budget, prompt_k = spec.rsplit(":", 3)
-        results[model_dir] = run(model_dir, int(block_size), int(budget), int(prompt_k), tp)
+        results[model_dir] = run(model_dir, int(block_size), int(budget), int(prompt_k), tp, device)
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     if tp is not None:
