@@ -5,9 +5,9 @@
 //   TP=2 equals TP=1), for concurrent requests; on one, with prefix-cache hits
 //   and preemptions forced by a small KV cache;
 // - a size that does not divide the attention heads is a clear start-up error;
-// - rank 1 killed mid-stream: the whole rank group is restarted, the streams
-//   are migrated and finish with the undisturbed text, and no process of the
-//   old group is left.
+// - rank 1 killed mid-stream, or hung (SIGSTOP, caught by the step timeout):
+//   the whole rank group is restarted, the streams are migrated and finish
+//   with the undisturbed text, and no process of the old group is left.
 // Workers run with OMP_NUM_THREADS=1: the test machine's cores are shared.
 
 import assert from "node:assert/strict";
@@ -149,7 +149,7 @@ describe("rank 1 of a tensor-parallel group killed mid-stream", () => {
   before(async () => {
     dir = tempDir("tp-death");
     makeRandomModel("qwen3", dir, 0);
-    server = await startServer([dir, ...TP, "--block-size", "4"], 120_000, ENV);
+    server = await startServer([dir, ...TP, "--block-size", "4", "--step-timeout", "5"], 120_000, ENV);
     reference = await streamAll().done;
   });
   after(async () => {
@@ -179,6 +179,21 @@ describe("rank 1 of a tensor-parallel group killed mid-stream", () => {
     assert.notEqual(newRank0, rank0);
     assert.equal(childPids(newRank0).length, 1);
     assert.equal(processesMatching(`--model ${dir}`).length, 2, "exactly the new group's two ranks run the model");
+  });
+
+  test("a hung rank 1 (SIGSTOP): the step times out, the group is killed and restarted, the streams finish", async () => {
+    const rank0 = workerPid(server!);
+    const [rank1] = childPids(rank0);
+    assert.ok(rank1 !== undefined);
+    const { progress, done } = streamAll();
+    await waitFor("every stream to have tokens", () => (progress.every((p) => p.tokens >= 4) ? true : null), 60_000);
+    process.kill(rank1, "SIGSTOP"); // rank 0 now waits in a collective and cannot answer the step
+    const down = await waitForHealth(server!.url, 503, 20_000);
+    assert.match(down.message, /step|hung|timed out/i);
+    const results = await done;
+    results.forEach((r, i) => assert.deepEqual(r.tokenIds, reference[i]!.tokenIds, `stream ${i}: token ids`));
+    await waitFor("the hung group to be gone", () => (!alive(rank0) && !alive(rank1) ? true : null), 5_000);
+    assert.equal(processesMatching(`--model ${dir}`).length, 2);
   });
 
   test("after the server stops, no rank is left", async () => {
