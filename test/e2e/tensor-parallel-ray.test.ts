@@ -1,7 +1,8 @@
 // --distributed-executor-backend ray: the ranks above 0 of a tensor-parallel
 // worker are Ray actors placed by a placement group, on a local Ray cluster
 // of two logical nodes that this test starts (python/tests/ray_cluster.py);
-// the engine reaches rank 0 over tcp://. Greedy output equals transformers.
+// the engine reaches rank 0 over tcp://. Greedy output equals transformers;
+// rank 0 killed leaves no actor behind and the group comes back.
 // Skipped where the worker's Python has no ray (it is not a dependency of
 // Baton: pip install ray to use this backend).
 
@@ -23,6 +24,7 @@ import {
   type CompletionWithIds,
   type RunningServer,
 } from "./harness.js";
+import { health, waitFor } from "../reliability/helpers.js";
 
 const hasRay = spawnSync(python, ["-c", "import ray"], { encoding: "utf8" }).status === 0;
 const PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"];
@@ -89,8 +91,22 @@ describe("tensor parallel placed by Ray", { skip: hasRay ? false : "the worker's
     for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
     const got = responses.map((r) => r.body.choices[0]?.token_ids ?? []);
     const ids = responses.map((r) => promptIdsOf(r.body));
-    await server!.stop();
     assert.deepEqual(got, transformersGreedy(dir, ids, MAX_TOKENS));
-    assert.deepEqual(processesMatching(`--model ${dir}`), [], "rank 0 exited; its actor is Ray's to end");
+  });
+
+  test("rank 0 killed: Ray ends its actor, the server starts a new group that serves the same tokens", async () => {
+    const before = await postJson<CompletionWithIds>(`${server!.url}/v1/completions`, { prompt: PROMPTS[0], max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true });
+    const [rank0] = processesMatching(`--model ${dir}`);
+    const actors = processesMatching("ray::RankActor");
+    assert.ok(rank0 !== undefined && actors.length === 1, `one rank 0 and one rank actor, got ${rank0} and ${actors.join(", ")}`);
+    process.kill(rank0, "SIGKILL");
+    // The owner is gone: Ray kills its actor; the supervisor starts a new rank 0, which places a new one.
+    await waitFor("the old actor to end", () => (processesMatching("ray::RankActor").includes(actors[0]!) ? null : true), 60_000, 200);
+    await waitFor("a new group", async () => ((await health(server!.url)).status === 200 && processesMatching("ray::RankActor").length === 1 ? true : null), 120_000, 200);
+    const after = await postJson<CompletionWithIds>(`${server!.url}/v1/completions`, { prompt: PROMPTS[0], max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true });
+    assert.deepEqual(after.body.choices[0]?.token_ids, before.body.choices[0]?.token_ids);
+    await server!.stop();
+    assert.deepEqual(processesMatching(`--model ${dir}`), []);
+    await waitFor("no rank actor left", () => (processesMatching("ray::RankActor").length === 0 ? true : null), 30_000, 200);
   });
 });
