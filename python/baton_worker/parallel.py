@@ -38,9 +38,13 @@ import torch.distributed as dist
 
 from .config import ConfigError, ModelConfig
 
-# How long a collective (or joining the group) may wait for a peer. A rank that
-# hangs is caught sooner by the engine's step timeout, which kills the group.
+# How long a collective of the forward pass (or joining the group) may wait
+# for a peer. A rank that hangs is caught sooner by the engine's step timeout,
+# which kills the group.
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+# Ranks above 0 wait on the control group for the next Step for as long as the
+# server is idle: gloo would fail a wait longer than its group's timeout.
+CONTROL_TIMEOUT = datetime.timedelta(days=365)
 
 
 def check_tensor_parallel(config: ModelConfig, size: int) -> None:
@@ -145,9 +149,10 @@ class TensorParallelGroup:
         self.device = device
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=GROUP_TIMEOUT)
-        # Host data (the Step's bytes, sampled ids) travels on a gloo group
-        # whatever the model's backend: NCCL only moves device tensors.
-        self.control = dist.new_group(backend="gloo", timeout=GROUP_TIMEOUT) if backend != "gloo" else dist.group.WORLD
+        # Host data (the Step's bytes, sampled ids) travels on its own gloo
+        # group whatever the model's backend (NCCL only moves device tensors),
+        # with a timeout an idle server never reaches.
+        self.control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
 
     @property
     def is_driver(self) -> bool:

@@ -9,9 +9,10 @@ it writes OUT_DIR/rank<R>.json with each check's largest difference.
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
-from dataclasses import replace
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -23,6 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from baton_worker.config import ModelConfig, RopeConfig  # noqa: E402
+from baton_worker import parallel  # noqa: E402
 from baton_worker.parallel import Partition, TensorParallelGroup  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 16, 4, 2, 4, 24, 37  # vocabulary not a multiple of the ranks
@@ -40,6 +42,9 @@ def config() -> ModelConfig:
 def main() -> None:
     rank, size, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     torch.set_num_threads(1)
+    # A short timeout for the forward's collectives, to show that an idle wait
+    # for the next Step (longer than it) does not fail.
+    parallel.GROUP_TIMEOUT = datetime.timedelta(seconds=2)
     tp = TensorParallelGroup(rank, size, dist.TCPStore("127.0.0.1", port, size, is_master=False), torch.device("cpu"))
     part = Partition.of(config(), rank, size)
     g = torch.Generator().manual_seed(0)
@@ -74,6 +79,9 @@ def main() -> None:
     checks["bytes"] = float(tp.broadcast_bytes(payload) != bytes(range(256)) * 3)
     tokens = tp.broadcast_tokens(np.array([7, 1, 36], np.int32) if rank == 0 else None, 3)
     checks["tokens"] = float(tokens.tolist() != [7, 1, 36])
+    if rank == 0:
+        time.sleep(3)  # the server idles longer than the group timeout
+    checks["after_idle"] = float(tp.broadcast_bytes(b"next step" if rank == 0 else None) != b"next step")
     checks["kv_heads"] = list(part.kv_heads)
     checks["vocab"] = list(part.vocab)
     (out / f"rank{rank}.json").write_text(json.dumps(checks))
