@@ -119,9 +119,11 @@ class RayRankGroup:
         env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PYTHONUNBUFFERED": "1"}
         ray.init(namespace="baton", runtime_env={"env_vars": env}, log_to_driver=True)
         resource = {"GPU": 1} if device_type == "cuda" else {"CPU": 1}
-        self.placement = placement_group([dict(resource)] * size, strategy="PACK")
-        ray.get(self.placement.ready(), timeout=PLACEMENT_TIMEOUT_S)
         host = ray.util.get_node_ip_address()
+        # Bundle 0 stands for rank 0, this process: pinned to this host, as vLLM pins its driver's bundle.
+        bundles = [{**resource, f"node:{host}": 0.001}] + [dict(resource) for _ in range(size - 1)]
+        self.placement = placement_group(bundles, strategy="PACK")
+        ray.get(self.placement.ready(), timeout=PLACEMENT_TIMEOUT_S)
         self.store = dist.TCPStore(host, 0, size, is_master=True, wait_for_workers=False, timeout=GROUP_TIMEOUT)
         address = f"{host}:{self.store.port}"
         actor = ray.remote(RankActor)
@@ -140,9 +142,9 @@ class RayRankGroup:
             a.serve.remote([*argv, "--tp-rank", str(rank), "--tp-store", address])
             for rank, a in enumerate(self.actors, start=1)
         ]
-        here = ray.get_runtime_context().get_node_id()
-        placed = ", ".join(f"rank {r} on node {n[:12]}" for r, n in enumerate([here, *self.nodes]))
-        print(f"baton_worker: tensor-parallel ranks placed by Ray: {placed}", file=sys.stderr, flush=True)
+        bundle_nodes = ray.util.placement_group_table(self.placement)["bundles_to_node_id"]
+        placed = ", ".join(f"{bundle_nodes[r][:12]}" for r in range(size))
+        print(f"baton_worker: tensor-parallel ranks placed by Ray: bundles on nodes {placed}", file=sys.stderr, flush=True)
         threading.Thread(target=self._watch, name="baton-tp-ray", daemon=True).start()
 
     def _finished(self, timeout: float | None) -> str | None:
