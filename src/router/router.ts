@@ -78,7 +78,7 @@ function smallest(ids: readonly number[], key: (i: number) => number, load: read
 export class RoundRobinRouter implements ReplicaRouter {
   private next = 0;
 
-  route(_promptIds: readonly number[], serving: readonly boolean[]): RouteDecision {
+  route(_promptIds: readonly number[], serving: readonly boolean[], _load?: readonly number[]): RouteDecision {
     const n = serving.length;
     for (let k = 0; k < n; k++) {
       const i = (this.next + k) % n;
