@@ -326,6 +326,7 @@ Commands:
   bench compare       the same workload against Baton and a peer server
   bench overhead      measure the control plane's per-step cost
   bench soak          mixed load with worker faults for N minutes; fails on any leak
+  bench router        data parallel: cache-aware against round-robin routing on shared prefixes
 
 Options:
   -h, --help          show this help (baton serve --help lists the serve flags)
