@@ -108,3 +108,14 @@ describe("RoundRobinRouter", () => {
     assert.deepEqual(skipping, [2, 0, 2]);
   });
 });
+
+describe("replicaCudaDevice", () => {
+  test("replica i sees the i-th visible GPU, or GPU i with --device cuda", async () => {
+    const { replicaCudaDevice } = await import("../../src/engine-host/data-parallel.js");
+    assert.equal(replicaCudaDevice(1, "cuda", {}), "1");
+    assert.equal(replicaCudaDevice(1, "auto", {}), null);
+    assert.equal(replicaCudaDevice(1, "cpu", { CUDA_VISIBLE_DEVICES: "4,5" }), null);
+    assert.equal(replicaCudaDevice(1, "auto", { CUDA_VISIBLE_DEVICES: "4,5" }), "5");
+    assert.equal(replicaCudaDevice(2, "cuda", { CUDA_VISIBLE_DEVICES: "4,5" }), "4");
+  });
+});
