@@ -8,7 +8,9 @@
 //   replicas serve;
 // - /metrics labels engine-level series engine="0" / engine="1";
 // - a replica whose worker is killed is routed around (requests keep being
-//   served, /health stays 200 and says so) and comes back;
+//   served, /health stays 200 and says so) and comes back, and the requests
+//   it was running carry over to its restarted worker token-exactly; /health
+//   is 503 only while every replica is down;
 // - a graph of models is refused at start-up with a clear error.
 
 import assert from "node:assert/strict";
@@ -16,7 +18,7 @@ import { spawn } from "node:child_process";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { repoRoot, startServer, type RunningServer } from "./harness.js";
-import { health, promptIds, streamCompletion, waitFor, workerPids } from "../reliability/helpers.js";
+import { health, promptIds, streamCompletion, waitFor, waitForHealth, workerPids } from "../reliability/helpers.js";
 
 const COMMON = ["--num-gpu-blocks-override", "512", "--log-level", "warn"];
 const GROUPS = 8;
@@ -44,6 +46,20 @@ async function perEngine(url: string, name: string): Promise<Map<string, number>
     byEngine.set(engine, (byEngine.get(engine) ?? 0) + s.value);
   }
   return byEngine;
+}
+
+/** Runs `baton serve` expecting it to exit by itself (killed after 120 s). */
+function serveToExit(args: string[]): Promise<{ code: number | null; stderr: string }> {
+  const child = spawn(process.execPath, [join(repoRoot, "bin", "baton.mjs"), "serve", ...args], { cwd: repoRoot, stdio: ["ignore", "ignore", "pipe"] });
+  let stderr = "";
+  child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+  const timer = setTimeout(() => child.kill("SIGKILL"), 120_000);
+  return new Promise((resolve) =>
+    child.once("exit", (code) => {
+      clearTimeout(timer);
+      resolve({ code, stderr });
+    }),
+  );
 }
 
 const total = (m: Map<string, number>): number => [...m.values()].reduce((a, b) => a + b, 0);
@@ -82,8 +98,11 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
   let single: RunningServer | null = null;
   let cacheAware: RunningServer | null = null;
   let roundRobin: RunningServer | null = null;
+  let graphRefusal: Promise<{ code: number | null; stderr: string }> | null = null;
 
   before(async () => {
+    // The speech model with two replicas, started meanwhile: it must exit 1 saying why.
+    graphRefusal = serveToExit([join(repoRoot, "models", "demo-tts"), "--data-parallel-size", "2", "--port", "0", ...COMMON]);
     const started = await Promise.allSettled([
       startServer(COMMON),
       startServer([...COMMON, "--data-parallel-size", "2"]),
@@ -99,6 +118,7 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
 
   after(async () => {
     await Promise.all([single, cacheAware, roundRobin].map((s) => s?.stop()));
+    await graphRefusal;
   });
 
   test("each replica has its own worker", () => {
@@ -143,9 +163,15 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
     assert.ok(hitsRouted >= 2 * GROUPS, `only ${hitsRouted} requests routed as cache hits`);
   });
 
-  test("a replica whose worker is killed is routed around and comes back", async () => {
+  test("a replica whose worker is killed is routed around and comes back; its requests carry over", async () => {
     const url = cacheAware!.url;
     const before = workerPids(cacheAware!);
+    // Streams in flight on both replicas when the worker dies: the dead replica's continue on its restarted worker.
+    const longPrompts = Array.from({ length: 4 }, (_, i) => promptIds(700 + i, 30 + 11 * i));
+    const progress = longPrompts.map(() => ({ tokens: 0 }));
+    const streams = longPrompts.map((p, i) => streamCompletion(url, p, 24, progress[i]));
+    const expected = greedy(single!.url, longPrompts, 24);
+    await waitFor("every stream to start", () => (progress.every((p) => p.tokens > 0) ? true : null), 30_000);
     process.kill(before[0]!, "SIGKILL");
     // /health stays 200 (the other replica serves) and says which one is down.
     const degraded = await waitFor("a degraded /health", async () => {
@@ -167,19 +193,28 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
     assert.ok(!now.includes(before[0]!));
     const again = await greedy(url, Array.from({ length: 4 }, (_, i) => promptIds(950 + i, 40)), 4);
     assert.equal(again.length, 4);
+    const carried = await Promise.all(streams);
+    assert.deepEqual(
+      carried.map((r) => [r.status, r.finish, r.tokenIds]),
+      (await expected).map((ids) => [200, "length", ids]),
+    );
+  });
+
+  test("/health is 503 only while every replica is down", async () => {
+    const url = roundRobin!.url;
+    for (const pid of workerPids(roundRobin!)) process.kill(pid, "SIGKILL");
+    const down = await waitForHealth(url, 503, 10_000);
+    assert.match(down.message, /replica 0/);
+    assert.match(down.message, /replica 1/);
+    await waitFor("both replicas back", async () => {
+      const h = await health(url);
+      return h.status === 200 && h.body.message === undefined ? true : null;
+    }, 90_000, 200);
+    assert.equal((await greedy(url, [promptIds(990, 20)], 4))[0]!.length, 4);
   });
 
   test("a graph of models is refused at start-up", async () => {
-    const cli = join(repoRoot, "bin", "baton.mjs");
-    const child = spawn(process.execPath, [cli, "serve", join(repoRoot, "models", "demo-tts"), "--data-parallel-size", "2", "--port", "0", ...COMMON], {
-      cwd: repoRoot,
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let stderr = "";
-    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
-    const timer = setTimeout(() => child.kill("SIGKILL"), 120_000);
-    const code = await new Promise<number | null>((resolve) => child.once("exit", resolve));
-    clearTimeout(timer);
+    const { code, stderr } = await graphRefusal!;
     assert.equal(code, 1, stderr);
     assert.match(stderr, /--data-parallel-size > 1 serves plain LLMs only/);
   });
