@@ -166,7 +166,8 @@ Options:
   --rounds N               rounds per router, each with fresh prompts,
                            alternating which server goes first (default 2)
   --seed N                 the workload's seed (default 0)
-  --serve-arg ARG          an extra baton serve flag (repeatable)
+  --serve-arg=ARG          an extra baton serve flag (repeatable; with "=",
+                           e.g. --serve-arg=--no-engine-thread)
   --json                   print one JSON object
   -h, --help               show this help
 `;
