@@ -16,6 +16,7 @@ import { DeploymentError, readDeployment, type Deployment } from "../config/depl
 import { ModelDirError, readModelDir, requireTokenizer, type ModelDirInfo } from "../config/model-dir.js";
 import { startServingEngine } from "../engine-host/start.js";
 import { DataParallelEngine } from "../engine-host/data-parallel.js";
+import { ServingHealth } from "./serving-health.js";
 import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
 import { DashboardFeed } from "../frontend/dashboard/snapshot.js";
@@ -292,52 +293,19 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   });
   const liveServer = server;
   const liveEngine = engine;
-  // Workers that are down, with why, by replica and rank. One engine: the server
-  // is unavailable while any is. Data parallel: while every replica has one
-  // down (a replica that gave up stays down), and degraded, still 200, while
-  // some but not all have.
+  // Workers down and up: /health and admission (serving-health.ts says how, one engine or data parallel).
   const replicaCount = dataParallel?.replicas.length ?? 1;
-  const down = new Map<number, Map<number, string>>();
-  const gaveUp = new Set<number>();
-  const ranks = (dataParallel?.replicas[0] ?? engine).pids.length;
+  const health = new ServingHealth(replicaCount, (dataParallel?.replicas[0] ?? engine).pids.length);
   engine.onWorkerEvent((event: WorkerHealthEvent) => {
     if (stopping) return;
-    const replica = event.replica ?? 0;
-    const worker = ranks === 1 ? "the model worker" : `the model worker of rank ${event.rank}`;
-    const which = replicaCount === 1 ? worker : `${worker} of replica ${replica}`;
-    const downHere = down.get(replica) ?? new Map<number, string>();
-    down.set(replica, downHere);
-    switch (event.kind) {
-      case "down": {
-        const reason = `${which} died: ${event.exit.summary}; restarting it in ${event.restartInMs / 1000} s`;
-        log(reason, "error");
-        downHere.set(event.rank, reason);
-        break;
-      }
-      case "up":
-        log(`${which} is serving again (pid ${event.pid}, restart ${event.restarts})`);
-        downHere.delete(event.rank);
-        break;
-      case "gave-up":
-        gaveUp.add(replica);
-        downHere.set(event.rank, replicaCount === 1 ? event.message : `replica ${replica}: ${event.message}`);
-        if (gaveUp.size === replicaCount) {
-          log(`${event.message}; giving up`, "error");
-          void stop(1, 0, `${event.message}; the server is stopping`);
-          return;
-        }
-        log(`${event.message}; replica ${replica} is out of service, the other replicas go on serving`, "error");
-        break;
+    const update = health.apply(event);
+    log(update.log.line, update.log.level);
+    if (update.stop !== null) {
+      void stop(1, 0, `${update.stop}; the server is stopping`);
+      return;
     }
-    const reasons = [...down.values()].flatMap((m) => [...m.values()]);
-    const replicasDown = [...down.values()].filter((m) => m.size > 0).length;
-    if (replicasDown === replicaCount) {
-      liveServer.setUnavailable(reasons.join("; "));
-      liveServer.setDegraded(null);
-    } else {
-      liveServer.setUnavailable(null);
-      liveServer.setDegraded(replicasDown === 0 ? null : `serving on ${replicaCount - replicasDown} of ${replicaCount} replicas: ${reasons.join("; ")}`);
-    }
+    liveServer.setUnavailable(update.state.unavailable);
+    liveServer.setDegraded(update.state.degraded);
   });
 
   try {
