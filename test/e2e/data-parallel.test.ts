@@ -10,7 +10,9 @@
 // - a replica whose worker is killed is routed around (requests keep being
 //   served, /health stays 200 and says so) and comes back, and the requests
 //   it was running carry over to its restarted worker token-exactly; /health
-//   is 503 only while every replica is down;
+//   is 503 only while every replica is down; a replica that gives up
+//   restarting is out for good while the others serve, and the server exits
+//   1 once all have;
 // - a graph of models is refused at start-up with a clear error.
 
 import assert from "node:assert/strict";
@@ -106,7 +108,8 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
     const started = await Promise.allSettled([
       startServer(COMMON),
       startServer([...COMMON, "--data-parallel-size", "2"]),
-      startServer([...COMMON, "--data-parallel-size", "2", "--router", "round-robin", "--no-engine-thread"]),
+      // One restart in a row allowed: the last test makes its replicas give up.
+      startServer([...COMMON, "--data-parallel-size", "2", "--router", "round-robin", "--no-engine-thread", "--max-worker-restarts", "1"]),
     ]);
     const running = started.map((s) => (s.status === "fulfilled" ? s.value : null));
     single = running[0] ?? null;
@@ -200,7 +203,7 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
     );
   });
 
-  test("/health is 503 only while every replica is down", async () => {
+  test("/health is 503 only while every replica is down; a replica that gives up is out, the server exits 1 when all have", async () => {
     const url = roundRobin!.url;
     for (const pid of workerPids(roundRobin!)) process.kill(pid, "SIGKILL");
     const down = await waitForHealth(url, 503, 10_000);
@@ -211,6 +214,21 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
       return h.status === 200 && h.body.message === undefined ? true : null;
     }, 90_000, 200);
     assert.equal((await greedy(url, [promptIds(990, 20)], 4))[0]!.length, 4);
+    // A second death within a minute is past --max-worker-restarts 1: that replica is out for good, the other serves.
+    const [first, second] = workerPids(roundRobin!);
+    process.kill(first!, "SIGKILL");
+    const gaveUp = await waitFor("the replica to give up", async () => {
+      const message = (await health(url)).body.message ?? "";
+      return /died 2 times in a row/.test(message) ? message : null;
+    }, 10_000);
+    assert.match(gaveUp, /^serving on 1 of 2 replicas: replica \d: /);
+    for (const ids of await greedy(url, Array.from({ length: 4 }, (_, i) => promptIds(995 + i, 20)), 4)) assert.equal(ids.length, 4);
+    assert.equal((await health(url)).status, 200);
+    assert.deepEqual(workerPids(roundRobin!), [second]);
+    process.kill(second!, "SIGKILL");
+    const proc = roundRobin!.proc;
+    await waitFor("the server to exit", () => (proc.exitCode !== null || proc.signalCode !== null ? true : null), 30_000, 100);
+    assert.equal(proc.exitCode, 1);
   });
 
   test("a graph of models is refused at start-up", async () => {
