@@ -77,6 +77,8 @@ export interface BatonServer {
   generationsDone(): Promise<void>;
   /** Marks the server unavailable (health 503, new requests 503 with Retry-After); null makes it available again. */
   setUnavailable(reason: string | null): void;
+  /** Serving, but not at full strength (a data-parallel replica is down): /health stays 200 and says why; null clears it. */
+  setDegraded(reason: string | null): void;
   /** Ends every request in flight with this error; their engine requests are aborted. */
   failInFlight(error: ApiError): void;
 }
@@ -95,6 +97,7 @@ export function buildServer(options: ServerOptions): BatonServer {
   const app = Fastify({ logger: false, bodyLimit: options.bodyLimitBytes ?? 64 * 1024 * 1024 });
   const registry = new GenerationRegistry();
   let unavailable: string | null = null;
+  let degraded: string | null = null;
   const metrics = options.metrics ?? null;
   const admission = new Admission({
     maxNumQueuedRequests: options.maxNumQueuedRequests ?? Number.POSITIVE_INFINITY,
@@ -198,7 +201,7 @@ export function buildServer(options: ServerOptions): BatonServer {
   }
 
   app.get("/health", async (_request, reply) => {
-    if (unavailable === null) return { status: "ok" };
+    if (unavailable === null) return degraded === null ? { status: "ok" } : { status: "ok", message: degraded };
     return reply.code(503).send({ status: "unavailable", message: unavailable });
   });
   app.get("/v1/models", async () => listModels(card));
@@ -257,6 +260,9 @@ export function buildServer(options: ServerOptions): BatonServer {
     },
     setUnavailable(reason) {
       unavailable = reason;
+    },
+    setDegraded(reason) {
+      degraded = reason;
     },
     failInFlight(error) {
       registry.failAll(error);

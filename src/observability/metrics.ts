@@ -5,6 +5,11 @@
 // frontend's generation path feeds, and also go to `live` (the last minute of
 // exact samples and token totals, which the dashboard reads).
 //
+// With data parallel (`replicas`), the engine-level metrics (those read from
+// an engine's stats and step timings) are per replica, labelled engine="0",
+// engine="1", ... as vLLM labels its engines; the request-level ones measured
+// by the frontend stay per model. With one engine there is no engine label.
+//
 // Counters are exposed the way Python's prometheus_client exposes vLLM's:
 // with a `_total` suffix (vllm:prompt_tokens_total, vllm:prefix_cache_queries_total, ...).
 
@@ -82,13 +87,41 @@ const HISTOGRAMS = [
   "vllm:request_params_max_tokens",
 ];
 
+/** The data-parallel router's decisions (DataParallelEngine satisfies it). */
+export interface RouterStatsSource {
+  routedCounts(): readonly { replica: number; reason: string; count: number }[];
+}
+
 export interface MetricsOptions {
   modelName: string;
   engine: EngineStatsSource;
+  /** Data parallel: each replica's own engine; its engine-level metrics are labelled engine="i". */
+  replicas?: readonly EngineStatsSource[];
+  /** Data parallel: baton:router_requests_total{engine, reason}. */
+  router?: RouterStatsSource;
   /** Per-node queue depth and step time; absent: no node metrics. */
   nodes?: NodeStatsSource;
   /** Bounds the token-count histograms' buckets (vLLM: the model's max_model_len). */
   maxModelLen?: number;
+}
+
+/** One engine's step-phase histograms and how far its timing ring has been read. */
+interface StepDrain {
+  lastStepId: number;
+  children: { observe(v: number): void }[];
+  labels: Record<string, string>;
+}
+
+/** Observes the steps an engine recorded since the last scrape (at most its ring's capacity). */
+function drainStepTimings(engine: EngineStatsSource, drain: StepDrain): void {
+  const recent = engine.timings.recent();
+  for (const t of recent) {
+    if (t.stepId <= drain.lastStepId) continue;
+    const ms = [t.scheduleMs, t.buildMs, t.roundTripMs, t.processMs];
+    for (let p = 0; p < ms.length; p++) drain.children[p]?.observe((ms[p] as number) / 1000);
+  }
+  const last = recent[recent.length - 1];
+  if (last !== undefined) drain.lastStepId = last.stepId;
 }
 
 export class BatonMetrics implements RequestRecorder {
@@ -111,24 +144,26 @@ export class BatonMetrics implements RequestRecorder {
   private readonly rejected;
   private readonly stepPhase;
   private readonly modelName: string;
-  private readonly phaseChildren: { observe(v: number): void }[];
-  private lastStepId = -1;
 
   constructor(options: MetricsOptions) {
     this.modelName = options.modelName;
     const model = { model_name: options.modelName };
     const labelNames = ["model_name"] as const;
     const registers = [this.registry];
-    const engine = options.engine;
+    // Engine-level metrics: one series per engine (label sets parallel to `engines`).
+    const engines: readonly EngineStatsSource[] = options.replicas ?? [options.engine];
+    const engineLabelNames = options.replicas === undefined ? (["model_name"] as const) : (["model_name", "engine"] as const);
+    const engineLabels: Record<string, string>[] =
+      options.replicas === undefined ? [model] : engines.map((_, i) => ({ ...model, engine: String(i) }));
 
     const gauge = (name: string, help: string, read: (s: EngineStats) => number): void => {
       new Gauge({
         name,
         help,
-        labelNames,
+        labelNames: engineLabelNames,
         registers,
         collect() {
-          this.set(model, read(engine.stats));
+          engines.forEach((engine, i) => this.set(engineLabels[i] as Record<string, string>, read(engine.stats)));
         },
       });
     };
@@ -143,18 +178,21 @@ export class BatonMetrics implements RequestRecorder {
 
     // Engine counters: cumulative in EngineStats, exported as deltas so they never go down.
     const counter = (name: string, help: string, read: (s: EngineStats) => number): void => {
-      let last = 0;
-      new Counter({
+      const last = engines.map(() => 0);
+      const c = new Counter({
         name,
         help,
-        labelNames,
+        labelNames: engineLabelNames,
         registers,
         collect() {
-          const now = read(engine.stats);
-          if (now > last) this.inc(model, now - last);
-          last = now;
+          engines.forEach((engine, i) => {
+            const now = read(engine.stats);
+            if (now > (last[i] as number)) this.inc(engineLabels[i] as Record<string, string>, now - (last[i] as number));
+            last[i] = now;
+          });
         },
-      }).inc(model, 0);
+      });
+      for (const labels of engineLabels) c.inc(labels, 0);
     };
     counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", (s) => s.numPrefixQueryTokens);
     counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", (s) => s.numPrefixHitTokens);
@@ -196,19 +234,36 @@ export class BatonMetrics implements RequestRecorder {
     });
     for (const reason of ["queue_full", "unavailable", "unauthorized"]) this.rejected.inc({ ...model, reason }, 0);
 
-    const self = this;
+    // Per engine: its phase histograms and the last step observed.
+    const drains = engineLabels.map((labels) => ({ lastStepId: -1, children: [] as { observe(v: number): void }[], labels }));
     this.stepPhase = new Histogram({
       name: "baton:step_phase_seconds",
       help: "Engine step time by phase (schedule, build, worker round trip, process), from the engine's timing ring at scrape time.",
-      labelNames: ["model_name", "phase"] as const,
+      labelNames: options.replicas === undefined ? (["model_name", "phase"] as const) : (["model_name", "engine", "phase"] as const),
       buckets: STEP_PHASE_BUCKETS,
       registers,
       collect() {
-        self.drainStepTimings(engine);
+        engines.forEach((engine, i) => drainStepTimings(engine, drains[i] as StepDrain));
       },
     });
-    for (const phase of PHASES) this.stepPhase.zero({ ...model, phase });
-    this.phaseChildren = PHASES.map((phase) => this.stepPhase.labels({ ...model, phase }));
+    for (const drain of drains) {
+      for (const phase of PHASES) this.stepPhase.zero({ ...drain.labels, phase });
+      drain.children = PHASES.map((phase) => this.stepPhase.labels({ ...drain.labels, phase }));
+    }
+    const router = options.router;
+    if (router !== undefined) {
+      new Counter({
+        name: "baton:router_requests_total",
+        help: "Requests the data-parallel router sent to each engine, by why: cache_hit (it held the longest prefix), cache_miss (no engine held enough; the one holding least), load_balance (loads out of balance), round_robin.",
+        labelNames: ["model_name", "engine", "reason"] as const,
+        registers,
+        collect() {
+          // Cumulative counts from the router: set by resetting and adding (a counter has no set).
+          this.reset();
+          for (const r of router.routedCounts()) this.inc({ ...model, engine: String(r.replica), reason: r.reason }, r.count);
+        },
+      });
+    }
 
     this.firstAudio = new Histogram({
       name: "baton:time_to_first_audio_seconds",
@@ -257,17 +312,6 @@ export class BatonMetrics implements RequestRecorder {
     this.firstAudio.observe(seconds);
   }
 
-  /** Observes the steps recorded since the last scrape (at most the ring's capacity). */
-  private drainStepTimings(engine: EngineStatsSource): void {
-    const recent = engine.timings.recent();
-    for (const t of recent) {
-      if (t.stepId <= this.lastStepId) continue;
-      const ms = [t.scheduleMs, t.buildMs, t.roundTripMs, t.processMs];
-      for (let p = 0; p < ms.length; p++) this.phaseChildren[p]?.observe((ms[p] as number) / 1000);
-    }
-    const last = recent[recent.length - 1];
-    if (last !== undefined) this.lastStepId = last.stepId;
-  }
 
   begin(_requestId: string, promptTokens: number, arrivalMs: number, maxTokens: number): RequestTrace {
     let firstMs = -1;

@@ -41,6 +41,8 @@ export interface WorkerOptions {
   modelKwargs?: Record<string, unknown>;
   /** Bytes of the worker's shared-memory arena, through which its tensors reach workers of other ranks (default: none). */
   shmBytes?: number;
+  /** Variables added to the worker's environment (a data-parallel replica's CUDA_VISIBLE_DEVICES). */
+  env?: Record<string, string>;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
   /**

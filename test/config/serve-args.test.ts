@@ -52,7 +52,28 @@ describe("parseServeArgs", () => {
       maxRequestMigrations: 1,
       stepTimeoutS: null,
       shutdownTimeoutS: 20,
+      dataParallelSize: 1,
+      router: { policy: "cache-aware", cacheThreshold: 0.3, balanceAbsThreshold: 64, balanceRelThreshold: 1.5 },
     });
+  });
+
+  test("--data-parallel-size and the router flags", () => {
+    const { options } = parseServeArgs(["--data-parallel-size", "2", "--router", "round-robin"]);
+    assert.equal(options.dataParallelSize, 2);
+    assert.equal(options.router.policy, "round-robin");
+    const tuned = parseServeArgs(["--data_parallel_size=4", "--router-cache-threshold", "0.5", "--router-balance-abs-threshold", "8", "--router-balance-rel-threshold", "2"]).options;
+    assert.deepEqual(tuned.router, { policy: "cache-aware", cacheThreshold: 0.5, balanceAbsThreshold: 8, balanceRelThreshold: 2 });
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "0"]), /--data-parallel-size: must be at least 1/);
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "two"]), /--data-parallel-size: expected an integer/);
+    assert.throws(() => parseServeArgs(["--router", "random", "--data-parallel-size", "2"]), /choose from cache-aware, round-robin/);
+    assert.throws(() => parseServeArgs(["--router", "round-robin"]), /--router needs --data-parallel-size 2 or more/);
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "2", "--router-cache-threshold", "1.5"]), /--router-cache-threshold: expected a number from 0 to 1/);
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "2", "--router-balance-rel-threshold", "0.5"]), /--router-balance-rel-threshold: expected a number from 1/);
+    assert.throws(
+      () => parseServeArgs(["--data-parallel-size", "2", "--router", "round-robin", "--router-cache-threshold", "0.5"]),
+      /--router-cache-threshold tunes --router cache-aware/,
+    );
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "2", "--deployment", "d.yaml"]), /cannot be combined with --deployment/);
   });
 
   test("--reasoning-parser", () => {
