@@ -158,8 +158,8 @@ export async function handleSpeech(options: GraphEndpointsOptions, request: Fast
 
 // ---- POST /v1/images/generations -------------------------------------------
 
-/** Seeds the server draws for requests without one: safe integers, so a client can replay them. */
-const MAX_DRAWN_SEED = 2 ** 48;
+/** Seeds the server draws for requests without one (randomInt's widest range). */
+const MAX_DRAWN_SEED = 2 ** 48 - 1;
 
 /**
  * POST /v1/images/generations: n graph requests (image i gets the request's

@@ -43,8 +43,19 @@ DENOISE_LOOP = "denoise_loop"
 WALK = "generate"
 
 
+def _integer(name: str, value) -> int:
+    """A request kwarg that must be an integer. The control plane's msgpack carries JS
+    integers beyond 32 bits (seeds) as float64, so an integral float counts."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
 def _steps_of(spec: DemoImageSpec, kwargs) -> int:
-    return spec.check_steps(kwargs.get("num_inference_steps", spec.generation.default_inference_steps))
+    steps = kwargs.get("num_inference_steps", spec.generation.default_inference_steps)
+    return spec.check_steps(_integer("num_inference_steps", steps))
 
 
 class TextEncoderNode(NodeSubmodule):
@@ -145,12 +156,8 @@ class BatonDemoImage(GraphModel):
         size = kwargs.get("size", self.spec.generation.default_size)
         _steps_of(self.spec, kwargs)
         seed = kwargs.get("seed")
-        if seed is None:
-            seed = secrets.randbits(63)
-        index = kwargs.get("index", 0)
-        for name, value in (("seed", seed), ("index", index)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+        seed = secrets.randbits(63) if seed is None else _integer("seed", seed)
+        index = _integer("index", kwargs.get("index", 0))
         return {
             "prompt_ids": [prompt_ids(prompt or "", self.spec.text)],
             "latents": [initial_latents(self.spec, str(size), seed, index)],
