@@ -62,7 +62,7 @@ class TextEncoder(nn.Module):
         """ids: int64 [B, max_len] (pad-padded) -> float64 [B, hidden]."""
         real = ids != self.spec.pad
         x = self.embed(ids) + self.position.weight[None, : ids.shape[1]]
-        key_bias = torch.zeros(real.shape, dtype=x.dtype).masked_fill(~real, float("-inf"))
+        key_bias = torch.zeros(real.shape, dtype=x.dtype, device=x.device).masked_fill(~real, float("-inf"))
         for layer in self.layers:
             x = layer(x, key_bias)
         x = self.norm(x) * real[..., None]
@@ -72,7 +72,7 @@ class TextEncoder(nn.Module):
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding of integer timesteps [B] -> [B, dim] (float64)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=COMPUTE_DTYPE) / half)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=COMPUTE_DTYPE, device=t.device) / half)
     angles = t.to(COMPUTE_DTYPE)[:, None] * freqs[None]
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)
 
