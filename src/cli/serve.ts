@@ -287,6 +287,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       ? {
           engine,
           outputModalities,
+          imageGeneration: info.imageGeneration,
           onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
         }
       : null,

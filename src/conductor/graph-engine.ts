@@ -68,6 +68,8 @@ export interface NodeStats {
 export interface NodeStepSample {
   node: string;
   seconds: number;
+  /** Passes the batch ran in one forward (requests batched). */
+  passes: number;
 }
 
 export interface GraphEngineOptions {
@@ -603,8 +605,8 @@ export class GraphEngine implements LaneListener {
   // ------------------------------------------------------------ worker results
 
   stepDone(lane: WorkerLane, work: AttachedWork, result: StepResultMessage, roundTripMs: number): void {
-    for (const b of work.batches) {
-      this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000 });
+    for (const b of work.sent) {
+      this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000, passes: b.passes.length });
       this.lastStepSeconds.set(b.node, roundTripMs / 1000);
     }
     if (this.stepSamples.length > 4096) this.stepSamples.splice(0, this.stepSamples.length - 4096);

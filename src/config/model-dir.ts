@@ -31,6 +31,23 @@ export interface ModelDirInfo {
   /** null when the directory has no tokenizer.json (a model without text in or out, e.g. a graph whose nodes bring their own). */
   tokenizerPath: string | null;
   tokenizer: TokenizerSettings;
+  /** config.json `image_generation`: what an image model's /v1/images/generations accepts; null for other models. */
+  imageGeneration: ImageGenerationSpec | null;
+}
+
+/** An image model's request bounds, from its config.json `image_generation` block (the model's builder writes it). */
+export interface ImageGenerationSpec {
+  /** Supported sizes, "WxH". */
+  sizes: string[];
+  defaultSize: string;
+  defaultInferenceSteps: number;
+  maxInferenceSteps: number;
+  /** Most images one request may ask for. */
+  maxN: number;
+  /** The text encoder reads at most this many prompt ids (one per UTF-8 byte, plus a start id). */
+  maxPromptTokens: number;
+  /** Image pixels per latent position along each side (usage counts latent positions as image tokens). */
+  latentDownsampling: number;
 }
 
 export interface TokenizerSettings {
@@ -183,5 +200,34 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     vocabSize: optionalInt(textConfig.vocab_size, "config.json vocab_size"),
     tokenizerPath,
     tokenizer: readTokenizerSettings(dir),
+    imageGeneration: readImageGeneration(config.image_generation, configPath),
   };
+}
+
+function readImageGeneration(raw: Json | undefined, configPath: string): ImageGenerationSpec | null {
+  if (raw === undefined || raw === null) return null;
+  const where = `${configPath} image_generation`;
+  if (!isObject(raw)) throw new ModelDirError(`${where} must be an object`);
+  const positive = (key: string): number => {
+    const value = optionalInt(raw[key], `${where}.${key}`);
+    if (value === null || value < 1) throw new ModelDirError(`${where}.${key} must be a positive integer`);
+    return value;
+  };
+  const sizes = raw.sizes;
+  if (!Array.isArray(sizes) || sizes.length === 0 || !sizes.every((s): s is string => typeof s === "string" && /^[1-9][0-9]*x[1-9][0-9]*$/.test(s))) {
+    throw new ModelDirError(`${where}.sizes must be a non-empty list of sizes such as "64x64"`);
+  }
+  const defaultSize = raw.default_size;
+  if (typeof defaultSize !== "string" || !sizes.includes(defaultSize)) throw new ModelDirError(`${where}.default_size must be one of sizes`);
+  const spec: ImageGenerationSpec = {
+    sizes,
+    defaultSize,
+    defaultInferenceSteps: positive("default_inference_steps"),
+    maxInferenceSteps: positive("max_inference_steps"),
+    maxN: positive("max_n"),
+    maxPromptTokens: positive("max_prompt_tokens"),
+    latentDownsampling: positive("latent_downsampling"),
+  };
+  if (spec.defaultInferenceSteps > spec.maxInferenceSteps) throw new ModelDirError(`${where}.default_inference_steps must not exceed max_inference_steps`);
+  return spec;
 }

@@ -9,6 +9,7 @@
 import { z } from "zod";
 import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
+import type { ImageGenerationSpec } from "../config/model-dir.js";
 import { badRequest, type ApiError } from "./openai-error.js";
 import { parseStructuredOutput, type RequestedGrammar } from "./structured-request.js";
 import { parseToolRequest, type ToolRequest } from "./tool-request.js";
@@ -488,4 +489,60 @@ export function parseSpeechRequest(raw: unknown): SpeechRequest {
     seed: body.seed ?? null,
     maxTokens: body.max_tokens ?? null,
   };
+}
+
+// ---- /v1/images/generations -----------------------------------------------
+
+/** OpenAI's limit on the prompt of one image request (dall-e-3's). */
+export const MAX_IMAGE_PROMPT_CHARS = 4000;
+
+export interface ImageRequest {
+  model: string | null;
+  prompt: string;
+  n: number;
+  /** One of the model's sizes, "WxH". */
+  size: string;
+  /** null: the server draws one. */
+  seed: number | null;
+  numInferenceSteps: number;
+}
+
+const imageSchema = z.object({
+  model: opt(z.string()),
+  prompt: z.string().min(1, "a non-empty string").max(MAX_IMAGE_PROMPT_CHARS, `at most ${MAX_IMAGE_PROMPT_CHARS} characters`),
+  n: opt(int()),
+  size: opt(z.string()),
+  response_format: opt(z.string()),
+  output_format: opt(z.string()),
+  stream: opt(z.boolean()),
+  user: opt(z.string()),
+  seed: opt(int().min(Number.MIN_SAFE_INTEGER, "a safe integer").max(Number.MAX_SAFE_INTEGER, "a safe integer")),
+  num_inference_steps: opt(int()),
+});
+
+/**
+ * OpenAI's image request plus Baton's `seed` and `num_inference_steps`,
+ * checked against the model's own bounds (its config.json image_generation).
+ * Only b64_json PNGs are served: `url` responses, other formats and streaming
+ * are refused by name.
+ */
+export function parseImageRequest(raw: unknown, spec: ImageGenerationSpec): ImageRequest {
+  const body = parseWith(imageSchema, raw);
+  const n = body.n ?? 1;
+  if (n < 1 || n > spec.maxN) throw badRequest(`n must be between 1 and ${spec.maxN}, got ${n}`, "n");
+  const size = body.size ?? spec.defaultSize;
+  if (!spec.sizes.includes(size)) throw badRequest(`size ${JSON.stringify(size)} is not supported by this model (supported: ${spec.sizes.join(", ")})`, "size");
+  const format = body.response_format ?? "b64_json";
+  if (format !== "b64_json") {
+    throw badRequest(`response_format ${JSON.stringify(format)} is not supported: only b64_json is served (this server keeps no image URLs)`, "response_format");
+  }
+  if (body.output_format != null && body.output_format !== "png") {
+    throw badRequest(`output_format ${JSON.stringify(body.output_format)} is not supported (only png)`, "output_format");
+  }
+  if (body.stream === true) throw badRequest("streaming image generation is not supported", "stream");
+  const steps = body.num_inference_steps ?? spec.defaultInferenceSteps;
+  if (steps < 1 || steps > spec.maxInferenceSteps) {
+    throw badRequest(`num_inference_steps must be between 1 and ${spec.maxInferenceSteps}, got ${steps}`, "num_inference_steps");
+  }
+  return { model: body.model ?? null, prompt: body.prompt, n, size, seed: body.seed ?? null, numInferenceSteps: steps };
 }

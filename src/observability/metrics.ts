@@ -61,6 +61,8 @@ export function oneTwoFiveBuckets(max: number): number[] {
     }
   }
 }
+/** Passes one forward of a stateless node ran (requests batched). */
+const NODE_BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256];
 /** Engine step phases run from microseconds (schedule) to seconds (a long prefill). */
 const STEP_PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
@@ -70,7 +72,7 @@ const PHASES = ["schedule", "build", "worker", "process"] as const;
 export interface NodeStatsSource {
   nodeStats(): readonly { node: string; queueDepth: number }[];
   /** Stateless batches' round trips since the last call. */
-  takeNodeSteps(): readonly { node: string; seconds: number }[];
+  takeNodeSteps(): readonly { node: string; seconds: number; passes: number }[];
   /** Tensors held on workers that the control plane still refers to. */
   readonly heldTensors: number;
 }
@@ -274,15 +276,26 @@ export class BatonMetrics implements RequestRecorder {
     }).labels(model);
     const nodes = options.nodes;
     if (nodes !== undefined) {
+      // Registered first: its collect drains the samples both node histograms observe.
+      const nodeBatch = new Histogram({
+        name: "baton:node_batch_size",
+        help: "Passes one forward of a stateless graph node ran (requests batched into one batch), by node.",
+        labelNames: ["model_name", "node"] as const,
+        buckets: NODE_BATCH_BUCKETS,
+        registers,
+        collect() {
+          for (const s of nodes.takeNodeSteps()) {
+            nodeBatch.observe({ ...model, node: s.node }, s.passes);
+            nodeStep.observe({ ...model, node: s.node }, s.seconds);
+          }
+        },
+      });
       const nodeStep = new Histogram({
         name: "baton:node_step_seconds",
         help: "Round trip of one batch of a stateless graph node (the worker step that ran it), by node.",
         labelNames: ["model_name", "node"] as const,
         buckets: STEP_PHASE_BUCKETS,
         registers,
-        collect() {
-          for (const s of nodes.takeNodeSteps()) nodeStep.observe({ ...model, node: s.node }, s.seconds);
-        },
       });
       new Gauge({
         name: "baton:graph_tensors_held",

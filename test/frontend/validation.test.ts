@@ -305,3 +305,11 @@ describe("parameter mapping", () => {
     assert.deepEqual(chat.ignoredFields, []);
   });
 });
+
+describe("a text model on the image route", () => {
+  test("/v1/images/generations is a 400 saying the model does not generate images", async () => {
+    const { status, body } = await post("/v1/images/generations", { prompt: "a red fox", n: 1 });
+    assert.equal(status, 400);
+    assert.match(body.error.message, /model test-model does not generate images/);
+  });
+});
