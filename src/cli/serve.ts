@@ -299,6 +299,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   const health = new ServingHealth(replicaCount, (dataParallel?.replicas[0] ?? engine).pids.length);
   engine.onWorkerEvent((event: WorkerHealthEvent) => {
     if (stopping) return;
+    metrics.observeWorkerEvent(event);
     const update = health.apply(event);
     log(update.log.line, update.log.level);
     if (update.stop !== null) {

@@ -18,6 +18,7 @@ import type { EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import { LiveRequestStats } from "./live-stats.js";
 import type { RequestTiming } from "../engine/types.js";
+import type { WorkerHealthEvent } from "../engine-host/types.js";
 
 /** What the metrics read from the engine at scrape time (EngineCore satisfies it). */
 export interface EngineStatsSource {
@@ -196,6 +197,14 @@ export class BatonMetrics implements RequestRecorder {
       });
       for (const labels of engineLabels) c.inc(labels, 0);
     };
+    // Worker deaths and restarts, per engine: counted from the supervisors' health events.
+    const workerEvents = (name: string, help: string) => {
+      const c = new Counter({ name, help, labelNames: engineLabelNames, registers });
+      for (const labels of engineLabels) c.inc(labels, 0);
+      return (replica: number) => c.inc(engineLabels[replica] ?? (engineLabels[0] as Record<string, string>), 1);
+    };
+    this.workerDeaths = workerEvents("baton:worker_deaths_total", "Model worker deaths (any signal or exit code, or killed as hung by the step watchdog).");
+    this.workerRestarts = workerEvents("baton:worker_restarts_total", "Model workers restarted and serving again after a death.");
     counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", (s) => s.numPrefixQueryTokens);
     counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", (s) => s.numPrefixHitTokens);
     counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", (s) => s.numPreemptions);
@@ -319,8 +328,16 @@ export class BatonMetrics implements RequestRecorder {
   }
 
   private readonly firstAudio;
+  private readonly workerDeaths: (replica: number) => void;
+  private readonly workerRestarts: (replica: number) => void;
 
   /** A speech request's first audio bytes left after this long. */
+  /** A supervisor's health event: a death ("down") or a restarted worker serving again ("up"). */
+  observeWorkerEvent(event: WorkerHealthEvent): void {
+    if (event.kind === "down" || event.kind === "gave-up") this.workerDeaths(event.replica ?? 0);
+    else if (event.kind === "up") this.workerRestarts(event.replica ?? 0);
+  }
+
   observeFirstAudio(seconds: number): void {
     this.firstAudio.observe(seconds);
   }
