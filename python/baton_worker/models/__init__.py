@@ -19,6 +19,8 @@ GRAPH_ARCHITECTURES: dict[str, str] = {
     DEMO_TTS: "baton_worker.models.demo_tts.graph_model:BatonDemoTTS",
     # Two stateless nodes passing a float tensor: what the placement tests move between workers.
     "BatonTensorRelay": "baton_worker.models.tensor_relay:BatonTensorRelay",
+    # A Hugging Face LLaVA directory: the vision node feeding the LLM's prefill.
+    "LlavaForConditionalGeneration": "baton_worker.models.llava.graph_model:LlavaGraphModel",
 }
 
 
