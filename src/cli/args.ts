@@ -6,6 +6,7 @@ import type { Device, Dtype, LoadFormat } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
+import { DEFAULT_MAX_IMAGE_BYTES, type MediaOptions } from "../frontend/media.js";
 
 export type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
@@ -66,6 +67,8 @@ export interface ServeOptions {
   stepTimeoutS: number | null;
   /** On SIGTERM/SIGINT, seconds in-flight requests get to finish before the rest are aborted. */
   shutdownTimeoutS: number;
+  /** What image_url parts may load and how many and how large (vLLM's media flags). */
+  media: MediaOptions;
 }
 
 export const SERVE_DEFAULTS = {
@@ -120,6 +123,10 @@ const SERVE_FLAGS = {
   "max-request-migrations": { type: "string" },
   "step-timeout": { type: "string" },
   "shutdown-timeout": { type: "string" },
+  "allowed-media-domains": { type: "string", multiple: true },
+  "allowed-local-media-path": { type: "string" },
+  "limit-mm-per-prompt": { type: "string" },
+  "max-image-bytes": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -262,8 +269,37 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       maxRequestMigrations: intFlag(values["max-request-migrations"], "max-request-migrations", 0, SERVE_DEFAULTS.maxRequestMigrations),
       stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
       shutdownTimeoutS: secondsFlag(values["shutdown-timeout"], "shutdown-timeout", 0) ?? SERVE_DEFAULTS.shutdownTimeoutS,
+      media: {
+        // vLLM takes the domains space-separated after one flag; several flags add up.
+        allowedDomains: (values["allowed-media-domains"] ?? []).flatMap((v) => v.split(/[\s,]+/)).filter((d) => d !== "").map((d) => d.toLowerCase()),
+        allowedLocalPath: values["allowed-local-media-path"] ?? null,
+        maxImagesPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]),
+        maxImageBytes: intFlag(values["max-image-bytes"], "max-image-bytes", 1, DEFAULT_MAX_IMAGE_BYTES),
+      },
     },
   };
+}
+
+/** --limit-mm-per-prompt '{"image": N}' (vLLM's JSON form): the most images one prompt may hold; null: no limit. */
+function limitMmPerPrompt(value: string | undefined): number | null {
+  if (value === undefined) return null;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(value);
+  } catch {
+    throw new UsageError(`invalid value '${value}' for --limit-mm-per-prompt: expected JSON such as '{"image": 2}'`);
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    throw new UsageError(`invalid value '${value}' for --limit-mm-per-prompt: expected a JSON object such as '{"image": 2}'`);
+  }
+  const limits = parsed as Record<string, unknown>;
+  for (const [modality, limit] of Object.entries(limits)) {
+    if (modality !== "image") throw new UsageError(`--limit-mm-per-prompt: modality '${modality}' is not served (only "image")`);
+    if (typeof limit !== "number" || !Number.isSafeInteger(limit) || limit < 0) {
+      throw new UsageError(`--limit-mm-per-prompt: "image" must be a non-negative integer, got ${JSON.stringify(limit)}`);
+    }
+  }
+  return typeof limits.image === "number" ? limits.image : null;
 }
 
 export const MAIN_HELP = `Usage: baton <command> [options]
@@ -326,6 +362,11 @@ Options (vLLM's names; --flag value or --flag=value):
                                    the first steps, which may compile)
   --shutdown-timeout SECONDS       on SIGTERM/SIGINT, new requests get 503 and in-flight ones get this long to
                                    finish before the rest are aborted (default ${SERVE_DEFAULTS.shutdownTimeoutS}); a second signal exits at once
+  --allowed-media-domains D [D...] image_url parts may fetch http(s) URLs of these hosts (default: none;
+                                   data: URLs are always allowed)
+  --allowed-local-media-path DIR   image_url parts may read file:// URLs under DIR (default: none)
+  --limit-mm-per-prompt JSON       most images per prompt, e.g. '{"image": 2}' (default: no limit)
+  --max-image-bytes N              largest image accepted, in bytes (default 20M = 20 MiB)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help
