@@ -3,6 +3,7 @@
 Library:  make_llava_dir(text_arch, out_dir, variant=0, image_size=56, tokenizer_dir=...) -> Path
 CLI:      python python/tests/random_llava.py --text-arch qwen2 --out DIR [--variant N]
               [--image-size 56] [--select default|full] [--feature-layer -2 | --feature-layer -1,-3]
+          python python/tests/random_llava.py --images DIR   (test images: make_test_images)
 
 A small CLIP vision tower (patch 14), a two-layer projector and one of the
 text backbones of random_models.py (same shapes and weight scheme, so greedy
@@ -118,7 +119,35 @@ def make_llava_dir(
     return out
 
 
+def make_test_images(out_dir: str | Path) -> list[str]:
+    """Small images in every served format (and modes that need converting), plus
+    broken ones for the bad-media tests: names -> files in out_dir."""
+    import numpy as np
+    from PIL import Image
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(7)
+
+    def noise(w: int, h: int, channels: int = 3) -> Image.Image:
+        return Image.fromarray(rng.integers(0, 256, (h, w, channels), dtype=np.uint8))
+
+    noise(60, 40).save(out / "a.png")
+    noise(57, 57).convert("L").save(out / "b.jpg", quality=90)
+    noise(30, 20).save(out / "c.webp")
+    noise(37, 100, 4).convert("RGBA").save(out / "d.png")
+    noise(44, 44).save(out / "e.png")
+    noise(16, 16).save(out / "f.gif")
+    noise(50, 70).save(out / "g.png")
+    data = (out / "a.png").read_bytes()
+    (out / "truncated.png").write_bytes(data[: len(data) // 3])
+    return sorted(p.name for p in out.iterdir())
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--images"]:
+        print(json.dumps({"images": make_test_images(argv[1])}))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--text-arch", required=True)
     parser.add_argument("--out", required=True)
