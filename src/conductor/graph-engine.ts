@@ -712,7 +712,10 @@ export class GraphEngine implements LaneListener {
    */
   workerLost(rank: number, reason: string): void {
     const message = `the model worker of rank ${rank} died: ${reason}`;
-    const graphRequests = [...this.live.values()].filter((r) => r.onEvent !== null && !r.ended);
+    // A text request of a graph whose prompt values live in workers (a vision-language
+    // model's image features) cannot be recomputed on a fresh worker either.
+    const tensorPrompts = this.graph.promptNames.length !== 1;
+    const graphRequests = [...this.live.values()].filter((r) => (r.onEvent !== null || tensorPrompts) && !r.ended);
     for (const req of graphRequests) req.endStatus = 503;
     this.lanes[rank]!.workerLost(new Error(message));
     for (const req of graphRequests) {
@@ -826,7 +829,10 @@ export class GraphEngine implements LaneListener {
         numCachedTokens: core?.numCachedTokens ?? 0,
         error: req.ended ? req.endError : null,
       };
-      if (req.ended && req.endError !== null && req.endStatus === 400) output.errorStatus = 400;
+      // A refused input is the client's 400; a lost worker, for requests that cannot be recomputed, a 503.
+      if (req.ended && req.endError !== null && (req.endStatus === 400 || (req.endStatus === 503 && this.graph.promptNames.length !== 1))) {
+        output.errorStatus = req.endStatus;
+      }
       // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
       if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
       if (core?.timing !== undefined) output.timing = core.timing;

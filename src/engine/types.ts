@@ -103,7 +103,7 @@ export interface RequestOutput {
   numCachedTokens: number;
   /** Set with finishReason "error". */
   error: string | null;
-  /** With an error: 400 when the request's own input was refused before it ran (an image that does not decode); absent otherwise. */
+  /** With an error: 400 when the request's own input was refused before it ran (an image that does not decode), 503 when its worker died; absent otherwise. */
   errorStatus?: number;
   /**
    * With the first generated token of a request that asked for prompt

@@ -153,7 +153,7 @@ export class Generation {
     if (output.finishReason === "error") {
       this.engineDone = true;
       const message = output.error ?? "the engine failed while generating";
-      this.fail(output.errorStatus === 400 ? badRequest(message) : serverError(message));
+      this.fail(output.errorStatus === 400 ? badRequest(message) : output.errorStatus === 503 ? serviceUnavailable(message) : serverError(message));
       return;
     }
     if (output.finishReason === "abort") {

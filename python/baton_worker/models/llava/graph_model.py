@@ -52,7 +52,7 @@ def _prefixes(names: set[str]) -> tuple[str, str, str, str]:
 
 
 class LlavaGraphModel(GraphModel):
-    def __init__(self, model_dir: str | Path, max_model_len: int = 1 << 20) -> None:
+    def __init__(self, model_dir: str | Path) -> None:
         self.model_dir = Path(model_dir)
         self.config = json.loads((self.model_dir / "config.json").read_text())
         text = self.config.get("text_config") or {}
