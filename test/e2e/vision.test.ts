@@ -111,12 +111,16 @@ interface Backbone {
   arch: string;
   variant: number;
   extra: string[];
+  /** Serve flags beyond the common ones. */
+  serve: string[];
 }
 
 const BACKBONES: Backbone[] = [
-  { arch: "llama", variant: 0, extra: [] },
+  // 24 blocks of 4 tokens for six concurrent prompts of 30-60 tokens: requests are
+  // preempted and recompute their prompts, image features included.
+  { arch: "llama", variant: 0, extra: [], serve: ["--num-gpu-blocks-override", "24"] },
   // CLS kept and two feature layers concatenated: 17 tokens per image.
-  { arch: "qwen2", variant: 1, extra: ["--select", "full", "--feature-layer=-1,-3"] },
+  { arch: "qwen2", variant: 1, extra: ["--select", "full", "--feature-layer=-1,-3"], serve: [] },
 ];
 
 let images = "";
@@ -151,6 +155,7 @@ for (const [index, backbone] of BACKBONES.entries()) {
         "--block-size", String(BLOCK_SIZE),
         "--limit-mm-per-prompt", '{"image": 2}',
         "--allowed-local-media-path", allowed,
+        ...backbone.serve,
       ]);
       [server, expected] = await Promise.all([started, reference(dir, images, REFERENCE_CASES)]);
       url = `${server.url}/v1/chat/completions`;
@@ -181,6 +186,11 @@ for (const [index, backbone] of BACKBONES.entries()) {
       });
       // The reference's answers depend on the image, not just the text.
       assert.notDeepEqual(expected[0]!.tokens, expected[4]!.tokens);
+      if (backbone.serve.length > 0) {
+        const metrics = await (await fetch(`${server!.url}/metrics`)).text();
+        const preemptions = Number(/vllm:num_preemptions_total\{[^}]*\} (\d+)/.exec(metrics)?.[1] ?? "0");
+        assert.ok(preemptions > 0, "the KV cache was meant to be too small for all at once");
+      }
     });
 
     test("the prefix cache hits the same image and misses another at and after its first block", async () => {
