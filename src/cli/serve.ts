@@ -276,6 +276,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     toolCallParser: options.toolCallParser,
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
+    vision: info.vision,
+    media: options.media,
     numWaiting: () => liveEngine.stats.numWaiting,
     dashboard: new DashboardFeed({
       modelName: name,

@@ -5,6 +5,7 @@
 
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
+import type { VisionPrompt } from "../frontend/media.js";
 
 /** A model directory that cannot be used; the message names the directory or file. */
 export class ModelDirError extends Error {
@@ -33,6 +34,8 @@ export interface ModelDirInfo {
   tokenizer: TokenizerSettings;
   /** config.json `image_generation`: what an image model's /v1/images/generations accepts; null for other models. */
   imageGeneration: ImageGenerationSpec | null;
+  /** A vision-language model (LlavaForConditionalGeneration): how images sit in its prompts; null otherwise. */
+  vision: VisionPrompt | null;
 }
 
 /** An image model's request bounds, from its config.json `image_generation` block (the model's builder writes it). */
@@ -201,6 +204,7 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     tokenizerPath,
     tokenizer: readTokenizerSettings(dir),
     imageGeneration: readImageGeneration(config.image_generation, configPath),
+    vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config) : null,
   };
 }
 
@@ -230,4 +234,36 @@ function readImageGeneration(raw: Json | undefined, configPath: string): ImageGe
   };
   if (spec.defaultInferenceSteps > spec.maxInferenceSteps) throw new ModelDirError(`${where}.default_inference_steps must not exceed max_inference_steps`);
   return spec;
+}
+
+function sizeOf(value: Json | undefined, what: string): { height: number; width: number } | null {
+  if (typeof value === "number") return { height: value, width: value };
+  if (!isObject(value)) return null;
+  const height = optionalInt(value.height ?? value.shortest_edge, `${what}.height`);
+  const width = optionalInt(value.width ?? value.shortest_edge, `${what}.width`);
+  return height !== null && width !== null ? { height, width } : null;
+}
+
+/**
+ * The image token and how many tokens one image takes, counted as transformers'
+ * LlavaProcessor does: (height / patch) * (width / patch) of the processed
+ * image, plus num_additional_image_tokens, less one with the "default" feature
+ * strategy (which drops the CLS feature). The worker checks that its vision
+ * node gives as many features.
+ */
+function readLlavaPrompt(dir: string, config: JsonObject): VisionPrompt {
+  const processor = readJsonObject(join(dir, "processor_config.json"), false) ?? {};
+  const preprocessor = readJsonObject(join(dir, "preprocessor_config.json"), true);
+  const visionConfig = isObject(config.vision_config) ? config.vision_config : {};
+  const imageTokenId = optionalInt(config.image_token_index ?? config.image_token_id, "config.json image_token_index") ?? 32000;
+  const imageToken = typeof processor.image_token === "string" ? processor.image_token : "<image>";
+  const patch = optionalInt(processor.patch_size ?? visionConfig.patch_size, "processor_config.json patch_size") ?? 14;
+  const additional = optionalInt(processor.num_additional_image_tokens, "processor_config.json num_additional_image_tokens") ?? 0;
+  const strategy = processor.vision_feature_select_strategy ?? config.vision_feature_select_strategy ?? "default";
+  const cropped = preprocessor.do_center_crop !== false;
+  const size = (cropped ? sizeOf(preprocessor.crop_size, "crop_size") : null) ?? sizeOf(preprocessor.size, "size");
+  if (size === null) throw new ModelDirError(`${join(dir, "preprocessor_config.json")}: no crop_size or size to count image tokens with`);
+  const tokensPerImage = Math.floor(size.height / patch) * Math.floor(size.width / patch) + additional - (strategy === "default" ? 1 : 0);
+  if (tokensPerImage < 1) throw new ModelDirError(`${dir}: an image would take ${tokensPerImage} tokens`);
+  return { imageToken, imageTokenId, tokensPerImage };
 }

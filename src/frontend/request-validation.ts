@@ -7,7 +7,7 @@
 // Baton does not implement are refused when they would change the output.
 
 import { z } from "zod";
-import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
+import { ChatTemplateError, normalizeMessages, type ImagePart, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
 import type { ImageGenerationSpec } from "../config/model-dir.js";
 import { badRequest, type ApiError } from "./openai-error.js";
@@ -17,6 +17,8 @@ import { parseToolRequest, type ToolRequest } from "./tool-request.js";
 export interface ValidationLimits {
   /** Token ids must be below this (the model's vocabulary size). */
   vocabSize: number;
+  /** The model's image placeholder text (a vision-language model); absent or null: image parts are a 400. */
+  imageToken?: string | null;
 }
 
 /** The message roles of OpenAI's chat API (vLLM accepts the same). */
@@ -78,6 +80,8 @@ export interface CompletionRequest extends SamplingRequest {
 
 export interface ChatRequest extends SamplingRequest {
   messages: TemplateMessage[];
+  /** image_url parts in prompt order; each left its model's placeholder in its message's content. */
+  images: ImagePart[];
   addGenerationPrompt: boolean;
   continueFinalMessage: boolean;
   chatTemplateKwargs: Record<string, unknown>;
@@ -387,8 +391,9 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
   if (topLogprobs > 0 && !wantsLogprobs) throw badRequest("top_logprobs requires logprobs to be true", "top_logprobs");
   const sampling = parseSampling(body, limits, maxTokens, useCompletionTokens ? "max_completion_tokens" : "max_tokens", wantsLogprobs ? topLogprobs : -1, unknownKeys(chatSchema, raw));
   let messages: TemplateMessage[];
+  const images: ImagePart[] = [];
   try {
-    messages = normalizeMessages(body.messages);
+    messages = normalizeMessages(body.messages, limits.imageToken != null ? { placeholder: limits.imageToken, found: images } : null);
   } catch (error) {
     if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
     throw error;
@@ -410,6 +415,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     ...sampling,
     promptLogprobs: body.prompt_logprobs ?? -1,
     messages,
+    images,
     addGenerationPrompt,
     continueFinalMessage,
     chatTemplateKwargs: body.chat_template_kwargs ?? {},

@@ -26,6 +26,7 @@ import multipart from "@fastify/multipart";
 import { registerDashboard } from "./dashboard/routes.js";
 import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
+import { NO_MEDIA_ALLOWED, type MediaOptions, type VisionPrompt } from "./media.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
@@ -63,6 +64,10 @@ export interface ServerOptions {
   grammars?: GrammarCompiling | null;
   /** A graph of models with non-text outputs: /v1/audio/speech, /v1/images/generations and multipart /generate. */
   graph?: Omit<GraphEndpointsOptions, "unavailableReason"> | null;
+  /** A vision-language model's image placement; null/undefined: image parts are a 400. */
+  vision?: VisionPrompt | null;
+  /** What image parts may load (default: data: URLs only, 20 MiB each). */
+  media?: MediaOptions;
   /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
   dashboard?: DashboardSource | null;
 }
@@ -124,6 +129,8 @@ export function buildServer(options: ServerOptions): BatonServer {
     toolCallParser: options.toolCallParser ?? null,
     enableAutoToolChoice: options.enableAutoToolChoice ?? false,
     grammars: options.grammars ?? null,
+    vision: options.vision ?? null,
+    media: options.media ?? NO_MEDIA_ALLOWED,
     noteIgnoredFields(route, names) {
       // Ignored like vLLM does, but said once per field name so a client's typo is visible without flooding the log.
       for (const name of names) {

@@ -34,14 +34,27 @@ export interface SpecialTokens {
   eosToken: string | null;
 }
 
-type ContentPart = { type?: unknown; text?: unknown };
+type ContentPart = { type?: unknown; text?: unknown; image_url?: unknown };
+
+/** An image_url content part: where it is in the request and its URL. */
+export interface ImagePart {
+  param: string;
+  url: string;
+}
+
+/** How image parts become text: the model's image placeholder, and where the parts found go. */
+export interface ImageCollector {
+  placeholder: string;
+  found: ImagePart[];
+}
 
 /**
  * OpenAI content is a string, null (assistant turns with tool calls), or a list
  * of parts. Text parts are joined with "\n" (vLLM's "string" content format);
- * other part types need a multimodal model and are refused.
+ * an image_url part becomes the model's image placeholder (`images`) in its
+ * place, and is refused for a model without one; other part types are refused.
  */
-export function normalizeContent(content: unknown, param: string): string {
+export function normalizeContent(content: unknown, param: string, images: ImageCollector | null = null): string {
   if (typeof content === "string") return content;
   if (content === null || content === undefined) return "";
   if (!Array.isArray(content)) throw new ChatTemplateError(`${param} must be a string or a list of content parts`, param);
@@ -54,6 +67,15 @@ export function normalizeContent(content: unknown, param: string): string {
     }
     if (typeof part !== "object" || part === null) throw new ChatTemplateError(`${where} must be a content part object`, where);
     const { type, text } = part as ContentPart;
+    if (type === "image_url") {
+      if (images === null) throw new ChatTemplateError(`${where}: this model does not take images`, where);
+      const value = (part as ContentPart).image_url;
+      const url = typeof value === "string" ? value : typeof value === "object" && value !== null ? (value as { url?: unknown }).url : undefined;
+      if (typeof url !== "string" || url === "") throw new ChatTemplateError(`${where}.image_url.url must be a non-empty string`, where);
+      images.found.push({ param: where, url });
+      texts.push(images.placeholder);
+      return;
+    }
     if (type !== "text") {
       throw new ChatTemplateError(`${where}: content part type ${JSON.stringify(type)} is not supported (only "text")`, where);
     }
@@ -64,7 +86,7 @@ export function normalizeContent(content: unknown, param: string): string {
 }
 
 /** Validates OpenAI chat messages and normalizes their content to strings. */
-export function normalizeMessages(messages: unknown): TemplateMessage[] {
+export function normalizeMessages(messages: unknown, images: ImageCollector | null = null): TemplateMessage[] {
   if (!Array.isArray(messages)) throw new ChatTemplateError("messages must be a list of messages", "messages");
   if (messages.length === 0) throw new ChatTemplateError("messages must not be empty", "messages");
   return messages.map((message: unknown, i) => {
@@ -76,7 +98,7 @@ export function normalizeMessages(messages: unknown): TemplateMessage[] {
     if (typeof record.role !== "string" || record.role === "") {
       throw new ChatTemplateError(`${where}.role must be a non-empty string`, `${where}.role`);
     }
-    return { ...record, role: record.role, content: normalizeContent(record.content, `${where}.content`) };
+    return { ...record, role: record.role, content: normalizeContent(record.content, `${where}.content`, images) };
   });
 }
 

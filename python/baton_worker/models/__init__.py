@@ -21,6 +21,8 @@ GRAPH_ARCHITECTURES: dict[str, str] = {
     # Two stateless nodes passing a float tensor: what the placement tests move between workers.
     "BatonTensorRelay": "baton_worker.models.tensor_relay:BatonTensorRelay",
     DEMO_IMAGE: "baton_worker.models.demo_image.graph_model:BatonDemoImage",
+    # A Hugging Face LLaVA directory: the vision node feeding the LLM's prefill.
+    "LlavaForConditionalGeneration": "baton_worker.models.llava.graph_model:LlavaGraphModel",
 }
 
 
