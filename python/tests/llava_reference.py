@@ -2,8 +2,9 @@
 processor + the directory's tokenizer) builds input_ids and pixel_values, and
 LlavaForConditionalGeneration.generate decodes greedily.
 
-stdin: {"model_dir": ..., "max_new_tokens": N, "cases": [{"text": rendered prompt
-        with one image token per image, "images": [base64 bytes, ...]}]}
+stdin: {"model_dir": ..., "max_new_tokens": N, "cases": [{"messages": chat messages in
+        transformers' form (content parts {"type": "image"} / {"type": "text", "text": ...}),
+        rendered by the processor's apply_chat_template, "images": [base64 bytes, ...]}]}
 stdout: {"results": [{"prompt_ids": [...], "tokens": [...]}]}
 """
 
@@ -32,12 +33,14 @@ def reference(model_dir: str, cases: list[dict], max_new_tokens: int) -> list[di
         vision_feature_select_strategy=processor_config["vision_feature_select_strategy"],
         image_token=processor_config["image_token"],
         num_additional_image_tokens=processor_config["num_additional_image_tokens"],
+        chat_template=tokenizer.chat_template,
     )
     model = transformers.LlavaForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
     results = []
     for case in cases:
         images = [Image.open(io.BytesIO(base64.b64decode(b))) for b in case["images"]]
-        inputs = processor(text=case["text"], images=images or None, return_tensors="pt", add_special_tokens=False)
+        text = processor.apply_chat_template(case["messages"], add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=text, images=images or None, return_tensors="pt", add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
         ids = inputs["input_ids"][0].tolist()

@@ -50,10 +50,9 @@ function partsOf(images: string, c: Case): unknown[] {
   return c.parts.map((p) => ("image" in p ? { type: "image_url", image_url: { url: dataUrl(images, p.image) } } : { type: "text", text: p.text }));
 }
 
-/** The chat as the test model's template renders it (image parts -> <image>, parts joined by "\n"). */
-function renderedText(c: Case): string {
-  const content = c.parts.map((p) => ("image" in p ? "<image>" : p.text)).join("\n");
-  return `<|im_start|>user\n${content}<|im_end|>\n<|im_start|>assistant\n`;
+/** The chat in transformers' form: the reference renders it with the processor's apply_chat_template. */
+function hfMessages(c: Case): { role: string; content: ({ type: "image" } | { type: "text"; text: string })[] }[] {
+  return [{ role: "user", content: c.parts.map((p) => ("image" in p ? { type: "image" as const } : { type: "text" as const, text: p.text })) }];
 }
 
 /** Runs beside the server's start-up (both mostly wait on torch loading). */
@@ -75,7 +74,7 @@ async function reference(modelDir: string, images: string, cases: Case[]): Promi
     model_dir: modelDir,
     max_new_tokens: MAX_TOKENS,
     cases: cases.map((c) => ({
-      text: renderedText(c),
+      messages: hfMessages(c),
       images: c.parts.flatMap((p) => ("image" in p ? [readFileSync(join(images, p.image)).toString("base64")] : [])),
     })),
   });
@@ -140,13 +139,15 @@ for (const [index, backbone] of BACKBONES.entries()) {
   describe(`LLaVA over ${backbone.arch} through HTTP`, () => {
     let dir = "";
     let server: RunningServer | null = null;
+    // Kept so that after() stops a server whose start outlived a failed before() (the reference failing first).
+    let starting: Promise<RunningServer> | null = null;
     let url = "";
     let expected: { prompt_ids: number[]; tokens: number[] }[] = [];
 
     before(async () => {
       dir = tempDir(`vision-${backbone.arch}`);
       runPython([join(repoRoot, "python", "tests", "random_llava.py"), "--text-arch", backbone.arch, "--variant", String(backbone.variant), "--out", dir, ...backbone.extra]);
-      const started = startServer([
+      starting = startServer([
         dir,
         "--served-model-name", "llava",
         "--dtype", "float32",
@@ -157,12 +158,13 @@ for (const [index, backbone] of BACKBONES.entries()) {
         "--allowed-local-media-path", allowed,
         ...backbone.serve,
       ]);
-      [server, expected] = await Promise.all([started, reference(dir, images, REFERENCE_CASES)]);
+      [server, expected] = await Promise.all([starting, reference(dir, images, REFERENCE_CASES)]);
       url = `${server.url}/v1/chat/completions`;
     });
 
     after(async () => {
-      await server?.stop();
+      const started = await starting?.catch(() => null);
+      await (server ?? started)?.stop();
       removeDir(dir);
     });
 
