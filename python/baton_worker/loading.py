@@ -37,7 +37,7 @@ from .config import ConfigError, ModelConfig, load_model_config, read_json
 from .graph.authoring import EngineType
 from .graph.export import export_graph
 from .graph.llm import LLM_NODE, NODE_ENGINES, LLMGraphModel
-from .graph.model import GraphModel
+from .graph.model import GraphModel, KvDecoderLayout
 from .graph.node_runner import NodeRunner, TensorStore
 from .graph.worker_runner import GraphStepRunner
 from .kv_cache import KVCache, bytes_per_block
@@ -153,9 +153,11 @@ def _load_decoder(
     attention_backend: str,
     fuse_weights: bool,
     tp: TensorParallelGroup | None = None,
+    layout: KvDecoderLayout | None = None,
 ) -> _Decoder:
+    """layout: where a composite model keeps its decoder (None: the directory is the decoder's)."""
     dummy = opts.load_format == "dummy-null"
-    config = load_model_config(model_dir, lenient=dummy)
+    config = load_model_config(model_dir, lenient=dummy, text_config=layout.text_config if layout else None)
     dtype = resolve_dtype(opts.dtype, config, device)
     if tp is not None and dummy:
         raise ConfigError("--tensor-parallel-size above 1 needs real weights (not --load-format dummy-null)")
@@ -165,7 +167,9 @@ def _load_decoder(
     # address every rank's shard alike).
     local = Partition.of(config, tp.rank, tp.size).local_config(config) if tp is not None else config
     if not dummy:
-        reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress and (tp is None or tp.is_driver) else None)
+        rename = layout.rename if layout else None
+        progress = stderr_progress() if opts.progress and (tp is None or tp.is_driver) else None
+        reader = WeightReader(model_dir, dtype, device, progress, rename)
         model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp)
         reader.close()
     num_blocks = _num_blocks(opts, local, dtype, device)
@@ -174,6 +178,7 @@ def _load_decoder(
         cache = KVCache(local, num_blocks, opts.block_size, dtype, device)
         attention = make_backend(attention_backend, cache, local.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
+    runner.embeds_token_id = layout.embeds_token_id if layout else None
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     if isinstance(attention, FlexBackend) and device.type == "cuda" and tp is None:
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
@@ -266,7 +271,7 @@ def load_worker(
         decoder = None
         if kv_node is not None:
             kv_dir = Path(model.get_kv_model_dir(kv_node))
-            decoder = _load_decoder(opts, kv_dir, device, attention_backend, fuse_weights)
+            decoder = _load_decoder(opts, kv_dir, device, attention_backend, fuse_weights, layout=model.get_kv_decoder_layout(kv_node))
 
     stateless = [n for n in hosted if n != kv_node]
     nodes = NodeRunner(model, device, stateless, TensorStore())

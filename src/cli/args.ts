@@ -6,6 +6,8 @@ import type { Device, DistributedExecutorBackend, Dtype, LoadFormat } from "../w
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
+import { CACHE_AWARE_DEFAULTS, ROUTER_POLICIES, type RouterOptions } from "../router/router.js";
+import { DEFAULT_MAX_IMAGE_BYTES, type MediaOptions } from "../frontend/media.js";
 
 export type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
@@ -70,6 +72,12 @@ export interface ServeOptions {
   stepTimeoutS: number | null;
   /** On SIGTERM/SIGINT, seconds in-flight requests get to finish before the rest are aborted. */
   shutdownTimeoutS: number;
+  /** --data-parallel-size: engine cores (each with its own worker and KV cache) behind one frontend. */
+  dataParallelSize: number;
+  /** --router and its thresholds: which replica takes a request (with dataParallelSize > 1). */
+  router: RouterOptions;
+  /** What image_url parts may load and how many and how large (vLLM's media flags). */
+  media: MediaOptions;
 }
 
 export const SERVE_DEFAULTS = {
@@ -126,6 +134,15 @@ const SERVE_FLAGS = {
   "max-request-migrations": { type: "string" },
   "step-timeout": { type: "string" },
   "shutdown-timeout": { type: "string" },
+  "data-parallel-size": { type: "string" },
+  router: { type: "string" },
+  "router-cache-threshold": { type: "string" },
+  "router-balance-abs-threshold": { type: "string" },
+  "router-balance-rel-threshold": { type: "string" },
+  "allowed-media-domains": { type: "string", multiple: true },
+  "allowed-local-media-path": { type: "string" },
+  "limit-mm-per-prompt": { type: "string" },
+  "max-image-bytes": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -173,6 +190,46 @@ function secondsFlag(value: string | undefined, flag: string, min: number): numb
   if (!Number.isFinite(n)) throw new UsageError(`invalid value '${value}' for --${flag}: expected a number of seconds`);
   if (n < min) throw new UsageError(`invalid value '${value}' for --${flag}: must be at least ${min}`);
   return n;
+}
+
+/** A plain decimal number within [min, max]. */
+function numberFlag(value: string | undefined, flag: string, min: number, max: number, fallback: number): number {
+  if (value === undefined) return fallback;
+  const n = /^\d+(\.\d+)?$/.test(value.trim()) ? Number(value) : Number.NaN;
+  if (!Number.isFinite(n) || n < min || n > max) {
+    throw new UsageError(`invalid value '${value}' for --${flag}: expected a number from ${min} to ${max === Number.POSITIVE_INFINITY ? "up" : max}`);
+  }
+  return n;
+}
+
+/** --data-parallel-size and the router flags, which mean nothing without it. */
+function dataParallelFlags(values: Record<string, string | string[] | boolean | undefined>): { dataParallelSize: number; router: RouterOptions } {
+  const text = (name: string): string | undefined => {
+    const v = values[name];
+    return typeof v === "string" ? v : undefined;
+  };
+  const size = intFlag(text("data-parallel-size"), "data-parallel-size", 1, 1);
+  const routerFlags = ["router", "router-cache-threshold", "router-balance-abs-threshold", "router-balance-rel-threshold"].filter((f) => values[f] !== undefined);
+  if (size === 1 && routerFlags.length > 0) {
+    throw new UsageError(`--${routerFlags[0]} needs --data-parallel-size 2 or more (one engine has nothing to route between)`);
+  }
+  if (size > 1 && values.deployment !== undefined) {
+    throw new UsageError("--data-parallel-size > 1 cannot be combined with --deployment (data parallel serves plain LLMs)");
+  }
+  const policy = choice(text("router"), "router", ROUTER_POLICIES, "cache-aware");
+  if (policy === "round-robin") {
+    const tuning = routerFlags.filter((f) => f !== "router");
+    if (tuning.length > 0) throw new UsageError(`--${tuning[0]} tunes --router cache-aware; it means nothing with --router round-robin`);
+  }
+  return {
+    dataParallelSize: size,
+    router: {
+      policy,
+      cacheThreshold: numberFlag(text("router-cache-threshold"), "router-cache-threshold", 0, 1, CACHE_AWARE_DEFAULTS.cacheThreshold),
+      balanceAbsThreshold: intFlag(text("router-balance-abs-threshold"), "router-balance-abs-threshold", 0, CACHE_AWARE_DEFAULTS.balanceAbsThreshold),
+      balanceRelThreshold: numberFlag(text("router-balance-rel-threshold"), "router-balance-rel-threshold", 1, Number.POSITIVE_INFINITY, CACHE_AWARE_DEFAULTS.balanceRelThreshold),
+    },
+  };
 }
 
 function choice<T extends string>(value: string | undefined, flag: string, allowed: Record<string, T> | readonly T[], fallback: T): T {
@@ -274,8 +331,38 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       maxRequestMigrations: intFlag(values["max-request-migrations"], "max-request-migrations", 0, SERVE_DEFAULTS.maxRequestMigrations),
       stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
       shutdownTimeoutS: secondsFlag(values["shutdown-timeout"], "shutdown-timeout", 0) ?? SERVE_DEFAULTS.shutdownTimeoutS,
+      ...dataParallelFlags(values),
+      media: {
+        // vLLM takes the domains space-separated after one flag; several flags add up.
+        allowedDomains: (values["allowed-media-domains"] ?? []).flatMap((v) => v.split(/[\s,]+/)).filter((d) => d !== "").map((d) => d.toLowerCase()),
+        allowedLocalPath: values["allowed-local-media-path"] ?? null,
+        maxImagesPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]),
+        maxImageBytes: intFlag(values["max-image-bytes"], "max-image-bytes", 1, DEFAULT_MAX_IMAGE_BYTES),
+      },
     },
   };
+}
+
+/** --limit-mm-per-prompt '{"image": N}' (vLLM's JSON form): the most images one prompt may hold; null: no limit. */
+function limitMmPerPrompt(value: string | undefined): number | null {
+  if (value === undefined) return null;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(value);
+  } catch {
+    throw new UsageError(`invalid value '${value}' for --limit-mm-per-prompt: expected JSON such as '{"image": 2}'`);
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    throw new UsageError(`invalid value '${value}' for --limit-mm-per-prompt: expected a JSON object such as '{"image": 2}'`);
+  }
+  const limits = parsed as Record<string, unknown>;
+  for (const [modality, limit] of Object.entries(limits)) {
+    if (modality !== "image") throw new UsageError(`--limit-mm-per-prompt: modality '${modality}' is not served (only "image")`);
+    if (typeof limit !== "number" || !Number.isSafeInteger(limit) || limit < 0) {
+      throw new UsageError(`--limit-mm-per-prompt: "image" must be a non-negative integer, got ${JSON.stringify(limit)}`);
+    }
+  }
+  return typeof limits.image === "number" ? limits.image : null;
 }
 
 export const MAIN_HELP = `Usage: baton <command> [options]
@@ -287,6 +374,7 @@ Commands:
   bench compare       the same workload against Baton and a peer server
   bench overhead      measure the control plane's per-step cost
   bench soak          mixed load with worker faults for N minutes; fails on any leak
+  bench router        data parallel: cache-aware against round-robin routing on shared prefixes
 
 Options:
   -h, --help          show this help (baton serve --help lists the serve flags)
@@ -343,6 +431,21 @@ Options (vLLM's names; --flag value or --flag=value):
                                    the first steps, which may compile)
   --shutdown-timeout SECONDS       on SIGTERM/SIGINT, new requests get 503 and in-flight ones get this long to
                                    finish before the rest are aborted (default ${SERVE_DEFAULTS.shutdownTimeoutS}); a second signal exits at once
+  --data-parallel-size N           N engine cores, each with its own model worker and KV cache, behind this
+                                   one server and a router (default 1; plain LLMs only)
+  --router cache-aware|round-robin   which replica takes a request: cache-aware (default) sends it where
+                                   its longest prompt prefix is cached unless the loads are out of balance
+  --router-cache-threshold F       cache-aware: a replica holding more than this fraction of the prompt
+                                   takes it (0-1, default ${CACHE_AWARE_DEFAULTS.cacheThreshold})
+  --router-balance-abs-threshold N   cache-aware: loads are out of balance when the busiest replica has more
+                                   than N requests more than the idlest (default ${CACHE_AWARE_DEFAULTS.balanceAbsThreshold}) ...
+  --router-balance-rel-threshold F   ... and more than F times as many (default ${CACHE_AWARE_DEFAULTS.balanceRelThreshold}); then the least
+                                   loaded replica takes it
+  --allowed-media-domains D [D...] image_url parts may fetch http(s) URLs of these hosts (default: none;
+                                   data: URLs are always allowed)
+  --allowed-local-media-path DIR   image_url parts may read file:// URLs under DIR (default: none)
+  --limit-mm-per-prompt JSON       most images per prompt, e.g. '{"image": 2}' (default: no limit)
+  --max-image-bytes N              largest image accepted, in bytes (default 20M = 20 MiB)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

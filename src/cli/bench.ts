@@ -12,6 +12,7 @@ import { UsageError } from "./args.js";
 import { maskCostTable, runMaskCost } from "../bench/mask-cost.js";
 import { readModelDir } from "../config/model-dir.js";
 import { runSoak, soakReport } from "../bench/soak.js";
+import { routerBenchReport, runRouterBench } from "../bench/router-bench.js";
 import { COMPARE_HELP, parseCompareArgs, parseServeBenchArgs, runCompareCommand, runServeCommand, SERVE_BENCH_HELP, type CompareArgs, type ServeBenchArgs } from "./bench-serve.js";
 
 export const BENCH_HELP = `Usage: baton bench <benchmark> [options]
@@ -25,6 +26,9 @@ Benchmarks:
   masks      structured output's cost per step at 1, 32, 128 constrained rows
   soak       N minutes of mixed load while the worker is killed and stopped
              at random; fails on any leak
+  router     a shared-prefix workload against --data-parallel-size N with
+             the cache-aware router and with round-robin: prefix-cache hit
+             rate, throughput and TTFT of both, and their ratios
 
 Run 'baton bench <benchmark> --help' for its options.
 `;
@@ -137,6 +141,108 @@ Options:
   -h, --help             show this help
 `;
 
+export const ROUTER_HELP = `Usage: baton bench router [model-dir] [options]
+
+Starts baton serve --data-parallel-size N (model-dir defaults to models/demo)
+with --router cache-aware, then with --router round-robin, and sends each the
+same shared-prefix workload: G groups of R requests, each group's prompts
+sharing one long system prompt followed by a question of their own, groups
+interleaved at random (seeded), streamed greedy completions at a fixed
+concurrency. Prints per router the prefix-cache hit rate (from the server's
+vllm:prefix_cache_* counters), the prompt tokens each replica was given,
+requests/s, output and total tokens/s, TTFT, and the ratios.
+
+Options:
+  --data-parallel-size N   replicas (default 2)
+  --groups G               prompt groups (default 16)
+  --requests-per-group R   requests per group (default 8)
+  --system-tokens N        shared system prompt length (default 512)
+  --question-tokens N      each request's own tokens after it (default 32)
+  --max-tokens N           output tokens per request (default 16)
+  --max-concurrency C      requests in flight (default 16)
+  --kv-blocks N            KV blocks per replica (default 400: room for about
+                           half the groups' system prompts, as a cache that
+                           cannot hold everything twice)
+  --rounds N               rounds per router, each with fresh prompts,
+                           alternating which server goes first (default 2)
+  --seed N                 the workload's seed (default 0)
+  --serve-arg=ARG          an extra baton serve flag (repeatable; with "=",
+                           e.g. --serve-arg=--no-engine-thread)
+  --json                   print one JSON object
+  -h, --help               show this help
+`;
+
+export interface RouterArgs {
+  kind: "router";
+  help: boolean;
+  modelDir: string | null;
+  dataParallelSize: number;
+  groups: number;
+  requestsPerGroup: number;
+  systemTokens: number;
+  questionTokens: number;
+  maxTokens: number;
+  maxConcurrency: number;
+  kvBlocks: number;
+  rounds: number;
+  seed: number;
+  serveArgs: string[];
+  json: boolean;
+}
+
+function parseRouterArgs(rest: readonly string[]): RouterArgs {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: [...rest],
+      allowPositionals: true,
+      strict: true,
+      options: {
+        "data-parallel-size": { type: "string" },
+        groups: { type: "string" },
+        "requests-per-group": { type: "string" },
+        "system-tokens": { type: "string" },
+        "question-tokens": { type: "string" },
+        "max-tokens": { type: "string" },
+        "max-concurrency": { type: "string" },
+        "kv-blocks": { type: "string" },
+        rounds: { type: "string" },
+        seed: { type: "string" },
+        "serve-arg": { type: "string", multiple: true },
+        json: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  } catch (error) {
+    throw new UsageError((error as Error).message);
+  }
+  const { values, positionals } = parsed;
+  if (positionals.length > 1) throw new UsageError(`expected at most one model directory, got ${positionals.join(" ")}`);
+  const int = (name: keyof typeof values, fallback: number): number => {
+    const v = values[name];
+    return typeof v === "string" ? positiveInt(v, name) : fallback;
+  };
+  const dataParallelSize = int("data-parallel-size", 2);
+  if (dataParallelSize < 2) throw new UsageError("--data-parallel-size must be at least 2 (one engine has nothing to route between)");
+  return {
+    kind: "router",
+    help: values.help === true,
+    modelDir: positionals[0] ?? null,
+    dataParallelSize,
+    groups: int("groups", 16),
+    requestsPerGroup: int("requests-per-group", 8),
+    systemTokens: int("system-tokens", 512),
+    questionTokens: int("question-tokens", 32),
+    maxTokens: int("max-tokens", 16),
+    maxConcurrency: int("max-concurrency", 16),
+    kvBlocks: int("kv-blocks", 400),
+    rounds: int("rounds", 2),
+    seed: values.seed === undefined ? 0 : nonNegativeInt(values.seed, "seed"),
+    serveArgs: values["serve-arg"] ?? [],
+    json: values.json === true,
+  };
+}
+
 export interface SoakArgs {
   kind: "soak";
   help: boolean;
@@ -168,7 +274,7 @@ function positiveInt(text: string, flag: string): number {
   return n;
 }
 
-export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs | MasksArgs | SoakArgs;
+export type BenchArgs = { kind: "list"; help: true } | OverheadArgs | ServeBenchArgs | CompareArgs | MasksArgs | SoakArgs | RouterArgs;
 
 export function parseBenchArgs(args: readonly string[]): BenchArgs {
   const [sub, ...rest] = args;
@@ -177,7 +283,8 @@ export function parseBenchArgs(args: readonly string[]): BenchArgs {
   if (sub === "compare") return parseCompareArgs(rest);
   if (sub === "masks") return parseMasksArgs(rest);
   if (sub === "soak") return parseSoakArgs(rest);
-  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead, masks, soak)`);
+  if (sub === "router") return parseRouterArgs(rest);
+  if (sub !== "overhead") throw new UsageError(`unknown benchmark '${sub}' (available: serve, compare, overhead, masks, soak, router)`);
   return parseOverheadArgs(rest);
 }
 
@@ -243,6 +350,8 @@ export function benchHelp(args: BenchArgs): string {
       return MASKS_HELP;
     case "soak":
       return SOAK_HELP;
+    case "router":
+      return ROUTER_HELP;
   }
 }
 
@@ -369,6 +478,12 @@ export async function runBench(args: BenchArgs, repoRoot: string): Promise<numbe
     }
     case "soak":
       return runSoakCommand(args, repoRoot);
+    case "router": {
+      const { kind: _kind, help: _help, json, ...options } = args;
+      const result = await runRouterBench({ ...options, repoRoot }, (line) => void process.stderr.write(`bench: ${line}\n`));
+      process.stdout.write(json ? `${JSON.stringify(result)}\n` : routerBenchReport(result));
+      return result.results.some((r) => r.failed > 0) ? 1 : 0;
+    }
   }
 }
 

@@ -15,6 +15,8 @@ import { join } from "node:path";
 import { DeploymentError, readDeployment, type Deployment } from "../config/deployment.js";
 import { ModelDirError, readModelDir, requireTokenizer, type ModelDirInfo } from "../config/model-dir.js";
 import { startServingEngine } from "../engine-host/start.js";
+import { DataParallelEngine } from "../engine-host/data-parallel.js";
+import { ServingHealth } from "./serving-health.js";
 import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
 import { DashboardFeed } from "../frontend/dashboard/snapshot.js";
@@ -210,6 +212,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       deployment,
       signal: starting.signal,
       grammar: grammars,
+      dataParallel: { size: options.dataParallelSize, router: options.router },
     });
     progressBar?.finish();
   } catch (error) {
@@ -236,7 +239,14 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       throw new ServeError((error as Error).message);
     }
   }
-  const metrics = new BatonMetrics({ modelName: name, engine, nodes: engine, maxModelLen: ready.max_model_len });
+  const dataParallel = engine instanceof DataParallelEngine ? engine : null;
+  const metrics = new BatonMetrics({
+    modelName: name,
+    engine,
+    nodes: engine,
+    maxModelLen: ready.max_model_len,
+    ...(dataParallel === null ? {} : { replicas: dataParallel.replicas, router: dataParallel }),
+  });
   if (grammars !== null) {
     // A model whose graph gives no text has nothing for a grammar to constrain (its text endpoints answer 400).
     const servesText = outputModalities.includes("text");
@@ -270,6 +280,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     toolCallParser: options.toolCallParser,
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
+    vision: info.vision,
+    media: options.media,
     numWaiting: () => liveEngine.stats.numWaiting,
     dashboard: new DashboardFeed({
       modelName: name,
@@ -281,36 +293,27 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       ? {
           engine,
           outputModalities,
+          imageGeneration: info.imageGeneration,
           onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
         }
       : null,
   });
   const liveServer = server;
   const liveEngine = engine;
-  // Ranks whose worker is down, with why: the server is unavailable while any is.
-  const down = new Map<number, string>();
-  const ranks = engine.pids.length;
+  // Workers down and up: /health and admission (serving-health.ts says how, one engine or data parallel).
+  const replicaCount = dataParallel?.replicas.length ?? 1;
+  const health = new ServingHealth(replicaCount, (dataParallel?.replicas[0] ?? engine).pids.length);
   engine.onWorkerEvent((event: WorkerHealthEvent) => {
     if (stopping) return;
-    const which = ranks === 1 ? "the model worker" : `the model worker of rank ${event.rank}`;
-    switch (event.kind) {
-      case "down": {
-        const reason = `${which} died: ${event.exit.summary}; restarting it in ${event.restartInMs / 1000} s`;
-        log(reason, "error");
-        down.set(event.rank, reason);
-        break;
-      }
-      case "up":
-        log(`${which} is serving again (pid ${event.pid}, restart ${event.restarts})`);
-        down.delete(event.rank);
-        break;
-      case "gave-up":
-        log(`${event.message}; giving up`, "error");
-        down.set(event.rank, event.message);
-        void stop(1, 0, `${event.message}; the server is stopping`);
-        return;
+    metrics.observeWorkerEvent(event);
+    const update = health.apply(event);
+    log(update.log.line, update.log.level);
+    if (update.stop !== null) {
+      void stop(1, 0, `${update.stop}; the server is stopping`);
+      return;
     }
-    liveServer.setUnavailable(down.size === 0 ? null : [...down.values()].join("; "));
+    liveServer.setUnavailable(update.state.unavailable);
+    liveServer.setDegraded(update.state.degraded);
   });
 
   try {
@@ -322,7 +325,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   if (stopping) return exited;
   const address = server.app.server.address() as AddressInfo;
   process.stdout.write(
-    `Baton serving ${name} (${ready.architecture}, ${ready.dtype}, ${ready.device}, ${ready.num_blocks} KV blocks, ` +
+    `Baton serving ${name} (${ready.architecture}, ${ready.dtype}, ${ready.device}, ${ready.num_blocks} KV blocks` +
+      (dataParallel === null ? ", " : ` per replica, ${replicaCount} replicas behind the ${options.router.policy} router, `) +
       `max_model_len ${ready.max_model_len}) on http://${urlHost(options.host)}:${address.port}\n`,
   );
   process.stdout.write(servedBanner(options));

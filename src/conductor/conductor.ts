@@ -108,6 +108,8 @@ interface BatchRecord {
 export class Conductor {
   private readonly requests = new Map<string, RequestState>();
   private readonly passes = new Map<number, PassRecord>();
+  /** Sum of every live request's refs.size, kept as they change (the gauge is read every step). */
+  private heldCount = 0;
   private readonly batches = new Map<number, BatchRecord>();
   private readonly readyQueues: PassRecord[][];
   private readonly readyWalkNodes: number[] = [];
@@ -180,9 +182,7 @@ export class Conductor {
 
   /** Tensors live requests refer to, all together (a gauge read every step: no allocation). */
   get numHeldTensors(): number {
-    let n = 0;
-    for (const req of this.requests.values()) n += req.refs.size;
-    return n;
+    return this.heldCount;
   }
 
   /** Tensors a live request refers to (for leak checks). */
@@ -498,7 +498,10 @@ export class Conductor {
   private adopt(req: RequestState, values: Values): void {
     for (let i = 0; i < values.length; i++) {
       const v = values[i]!;
-      if (v.kind === "tensor" && !req.refs.has(v)) req.refs.set(v, 0);
+      if (v.kind === "tensor" && !req.refs.has(v)) {
+        req.refs.set(v, 0);
+        this.heldCount++;
+      }
     }
   }
 
@@ -508,6 +511,7 @@ export class Conductor {
       const v = values[i]!;
       if (v.kind === "tensor" && req.refs.get(v) === 0) {
         req.refs.delete(v);
+        this.heldCount--;
         this.releaseTensor(v);
       }
     }
@@ -516,7 +520,10 @@ export class Conductor {
   private hold(req: RequestState, values: Values): void {
     for (let i = 0; i < values.length; i++) {
       const v = values[i]!;
-      if (v.kind === "tensor") req.refs.set(v, (req.refs.get(v) ?? 0) + 1);
+      if (v.kind !== "tensor") continue;
+      const n = req.refs.get(v);
+      if (n === undefined) this.heldCount++;
+      req.refs.set(v, (n ?? 0) + 1);
     }
   }
 
@@ -528,6 +535,7 @@ export class Conductor {
       if (n === undefined) continue; // already released with the whole request
       if (n <= 1) {
         req.refs.delete(v);
+        this.heldCount--;
         this.releaseTensor(v);
       } else req.refs.set(v, n - 1);
     }
@@ -933,6 +941,7 @@ export class Conductor {
       }
     }
     for (const v of req.refs.keys()) this.releaseTensor(v);
+    this.heldCount -= req.refs.size;
     req.refs.clear();
   }
 

@@ -7,15 +7,24 @@
 //   their own worker thread; the main thread only serves HTTP.
 // - InProcessEngine (in-process.ts): everything on the main event loop.
 // docs/benchmarks.md has the numbers behind the default.
+// With --data-parallel-size N > 1, N of them (each in the chosen placement)
+// behind a router: DataParallelEngine (data-parallel.ts).
 
+import { DataParallelEngine } from "./data-parallel.js";
 import { EngineThread } from "./engine-thread.js";
 import { InProcessEngine } from "./in-process.js";
 import type { ServingEngine, ServingEngineOptions } from "./types.js";
+
+function startOne(options: ServingEngineOptions): Promise<ServingEngine> {
+  return options.engineThread === false ? InProcessEngine.start(options) : EngineThread.start(options);
+}
 
 /**
  * Starts the model worker and the engine core. Rejects with WorkerStartError
  * (the worker's own message) or EngineStartError; nothing is left running then.
  */
 export function startServingEngine(options: ServingEngineOptions): Promise<ServingEngine> {
-  return options.engineThread === false ? InProcessEngine.start(options) : EngineThread.start(options);
+  const dataParallel = options.dataParallel ?? null;
+  if (dataParallel !== null && dataParallel.size > 1) return DataParallelEngine.start(options, dataParallel, startOne);
+  return startOne(options);
 }

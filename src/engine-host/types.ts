@@ -2,6 +2,7 @@
 // whichever thread the engine core runs on (start.ts chooses).
 
 import type { Deployment } from "../config/deployment.js";
+import type { DataParallelOptions } from "./data-parallel.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig } from "../engine/engine-core.js";
 import type { EngineHandle } from "../engine/types.js";
@@ -53,16 +54,22 @@ export interface ServingEngineOptions {
   signal?: AbortSignal;
   /** Structured output: the grammar thread the engine core asks for token masks (absent: requests with a grammar are refused). */
   grammar?: GrammarService | null;
+  /** --data-parallel-size > 1: that many replicas behind a router (data-parallel.ts); absent: one engine. */
+  dataParallel?: DataParallelOptions | null;
 }
 
 /** What happened to a model worker after start-up. */
-export type WorkerHealthEvent =
+export type WorkerHealthEvent = (
   /** It died (or a restart attempt failed); the next attempt starts in restartInMs. */
   | { kind: "down"; rank: number; exit: WorkerExit; restartInMs: number }
   /** A restarted worker is Ready and serving. */
   | { kind: "up"; rank: number; pid: number; restarts: number }
-  /** It died once too often (--max-worker-restarts): the server cannot serve any more. */
-  | { kind: "gave-up"; rank: number; exit: WorkerExit; message: string };
+  /** It died once too often (--max-worker-restarts): its engine cannot serve any more. */
+  | { kind: "gave-up"; rank: number; exit: WorkerExit; message: string }
+) & {
+  /** With --data-parallel-size > 1: the replica (engine core) whose worker it is. */
+  replica?: number;
+};
 
 /** The engine could start its worker but not itself (e.g. a configuration the worker's Ready contradicts). */
 export class EngineStartError extends Error {

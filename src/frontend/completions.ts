@@ -145,9 +145,16 @@ export async function handleCompletion(ctx: FrontendContext, request: FastifyReq
       choices,
       ...(req.includeUsage ? { usage: usage ?? null } : {}),
     });
+    // The common stream (no echo, logprobs or token ids) builds its chunk directly: this
+    // runs once per token per request on the main thread.
+    const plain = !wantsLogprobs && !req.echo && !req.echoOnly && !req.returnTokenIds;
     const format: StreamFormat = {
       opening: () => [],
       delta(index, delta) {
+        if (plain && delta.promptLogprobs === null) {
+          const choice: CompletionChoice = { index, text: delta.text, logprobs: null, finish_reason: delta.finishReason, stop_reason: delta.stopReason };
+          return chunk([choice]);
+        }
         const spec = specs[index] as (typeof specs)[number];
         const first = !started.has(index);
         started.add(index);

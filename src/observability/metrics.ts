@@ -5,6 +5,11 @@
 // frontend's generation path feeds, and also go to `live` (the last minute of
 // exact samples and token totals, which the dashboard reads).
 //
+// With data parallel (`replicas`), the engine-level metrics (those read from
+// an engine's stats and step timings) are per replica, labelled engine="0",
+// engine="1", ... as vLLM labels its engines; the request-level ones measured
+// by the frontend stay per model. With one engine there is no engine label.
+//
 // Counters are exposed the way Python's prometheus_client exposes vLLM's:
 // with a `_total` suffix (vllm:prompt_tokens_total, vllm:prefix_cache_queries_total, ...).
 
@@ -13,6 +18,7 @@ import type { EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import { LiveRequestStats } from "./live-stats.js";
 import type { RequestTiming } from "../engine/types.js";
+import type { WorkerHealthEvent } from "../engine-host/types.js";
 
 /** What the metrics read from the engine at scrape time (EngineCore satisfies it). */
 export interface EngineStatsSource {
@@ -56,6 +62,8 @@ export function oneTwoFiveBuckets(max: number): number[] {
     }
   }
 }
+/** Passes one forward of a stateless node ran (requests batched). */
+const NODE_BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256];
 /** Engine step phases run from microseconds (schedule) to seconds (a long prefill). */
 const STEP_PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
@@ -65,7 +73,7 @@ const PHASES = ["schedule", "build", "worker", "process"] as const;
 export interface NodeStatsSource {
   nodeStats(): readonly { node: string; queueDepth: number }[];
   /** Stateless batches' round trips since the last call. */
-  takeNodeSteps(): readonly { node: string; seconds: number }[];
+  takeNodeSteps(): readonly { node: string; seconds: number; passes: number }[];
   /** Tensors held on workers that the control plane still refers to. */
   readonly heldTensors: number;
 }
@@ -82,13 +90,41 @@ const HISTOGRAMS = [
   "vllm:request_params_max_tokens",
 ];
 
+/** The data-parallel router's decisions (DataParallelEngine satisfies it). */
+export interface RouterStatsSource {
+  routedCounts(): readonly { replica: number; reason: string; count: number }[];
+}
+
 export interface MetricsOptions {
   modelName: string;
   engine: EngineStatsSource;
+  /** Data parallel: each replica's own engine; its engine-level metrics are labelled engine="i". */
+  replicas?: readonly EngineStatsSource[];
+  /** Data parallel: baton:router_requests_total{engine, reason}. */
+  router?: RouterStatsSource;
   /** Per-node queue depth and step time; absent: no node metrics. */
   nodes?: NodeStatsSource;
   /** Bounds the token-count histograms' buckets (vLLM: the model's max_model_len). */
   maxModelLen?: number;
+}
+
+/** One engine's step-phase histograms and how far its timing ring has been read. */
+interface StepDrain {
+  lastStepId: number;
+  children: { observe(v: number): void }[];
+  labels: Record<string, string>;
+}
+
+/** Observes the steps an engine recorded since the last scrape (at most its ring's capacity). */
+function drainStepTimings(engine: EngineStatsSource, drain: StepDrain): void {
+  const recent = engine.timings.recent();
+  for (const t of recent) {
+    if (t.stepId <= drain.lastStepId) continue;
+    const ms = [t.scheduleMs, t.buildMs, t.roundTripMs, t.processMs];
+    for (let p = 0; p < ms.length; p++) drain.children[p]?.observe((ms[p] as number) / 1000);
+  }
+  const last = recent[recent.length - 1];
+  if (last !== undefined) drain.lastStepId = last.stepId;
 }
 
 export class BatonMetrics implements RequestRecorder {
@@ -111,24 +147,26 @@ export class BatonMetrics implements RequestRecorder {
   private readonly rejected;
   private readonly stepPhase;
   private readonly modelName: string;
-  private readonly phaseChildren: { observe(v: number): void }[];
-  private lastStepId = -1;
 
   constructor(options: MetricsOptions) {
     this.modelName = options.modelName;
     const model = { model_name: options.modelName };
     const labelNames = ["model_name"] as const;
     const registers = [this.registry];
-    const engine = options.engine;
+    // Engine-level metrics: one series per engine (label sets parallel to `engines`).
+    const engines: readonly EngineStatsSource[] = options.replicas ?? [options.engine];
+    const engineLabelNames = options.replicas === undefined ? (["model_name"] as const) : (["model_name", "engine"] as const);
+    const engineLabels: Record<string, string>[] =
+      options.replicas === undefined ? [model] : engines.map((_, i) => ({ ...model, engine: String(i) }));
 
     const gauge = (name: string, help: string, read: (s: EngineStats) => number): void => {
       new Gauge({
         name,
         help,
-        labelNames,
+        labelNames: engineLabelNames,
         registers,
         collect() {
-          this.set(model, read(engine.stats));
+          engines.forEach((engine, i) => this.set(engineLabels[i] as Record<string, string>, read(engine.stats)));
         },
       });
     };
@@ -143,19 +181,30 @@ export class BatonMetrics implements RequestRecorder {
 
     // Engine counters: cumulative in EngineStats, exported as deltas so they never go down.
     const counter = (name: string, help: string, read: (s: EngineStats) => number): void => {
-      let last = 0;
-      new Counter({
+      const last = engines.map(() => 0);
+      const c = new Counter({
         name,
         help,
-        labelNames,
+        labelNames: engineLabelNames,
         registers,
         collect() {
-          const now = read(engine.stats);
-          if (now > last) this.inc(model, now - last);
-          last = now;
+          engines.forEach((engine, i) => {
+            const now = read(engine.stats);
+            if (now > (last[i] as number)) this.inc(engineLabels[i] as Record<string, string>, now - (last[i] as number));
+            last[i] = now;
+          });
         },
-      }).inc(model, 0);
+      });
+      for (const labels of engineLabels) c.inc(labels, 0);
     };
+    // Worker deaths and restarts, per engine: counted from the supervisors' health events.
+    const workerEvents = (name: string, help: string) => {
+      const c = new Counter({ name, help, labelNames: engineLabelNames, registers });
+      for (const labels of engineLabels) c.inc(labels, 0);
+      return (replica: number) => c.inc(engineLabels[replica] ?? (engineLabels[0] as Record<string, string>), 1);
+    };
+    this.workerDeaths = workerEvents("baton:worker_deaths_total", "Model worker deaths (any signal or exit code, or killed as hung by the step watchdog).");
+    this.workerRestarts = workerEvents("baton:worker_restarts_total", "Model workers restarted and serving again after a death.");
     counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", (s) => s.numPrefixQueryTokens);
     counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", (s) => s.numPrefixHitTokens);
     counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", (s) => s.numPreemptions);
@@ -196,19 +245,36 @@ export class BatonMetrics implements RequestRecorder {
     });
     for (const reason of ["queue_full", "unavailable", "unauthorized"]) this.rejected.inc({ ...model, reason }, 0);
 
-    const self = this;
+    // Per engine: its phase histograms and the last step observed.
+    const drains = engineLabels.map((labels) => ({ lastStepId: -1, children: [] as { observe(v: number): void }[], labels }));
     this.stepPhase = new Histogram({
       name: "baton:step_phase_seconds",
       help: "Engine step time by phase (schedule, build, worker round trip, process), from the engine's timing ring at scrape time.",
-      labelNames: ["model_name", "phase"] as const,
+      labelNames: options.replicas === undefined ? (["model_name", "phase"] as const) : (["model_name", "engine", "phase"] as const),
       buckets: STEP_PHASE_BUCKETS,
       registers,
       collect() {
-        self.drainStepTimings(engine);
+        engines.forEach((engine, i) => drainStepTimings(engine, drains[i] as StepDrain));
       },
     });
-    for (const phase of PHASES) this.stepPhase.zero({ ...model, phase });
-    this.phaseChildren = PHASES.map((phase) => this.stepPhase.labels({ ...model, phase }));
+    for (const drain of drains) {
+      for (const phase of PHASES) this.stepPhase.zero({ ...drain.labels, phase });
+      drain.children = PHASES.map((phase) => this.stepPhase.labels({ ...drain.labels, phase }));
+    }
+    const router = options.router;
+    if (router !== undefined) {
+      new Counter({
+        name: "baton:router_requests_total",
+        help: "Requests the data-parallel router sent to each engine, by why: cache_hit (it held the longest prefix), cache_miss (no engine held enough; the one holding least), load_balance (loads out of balance), round_robin.",
+        labelNames: ["model_name", "engine", "reason"] as const,
+        registers,
+        collect() {
+          // Cumulative counts from the router: set by resetting and adding (a counter has no set).
+          this.reset();
+          for (const r of router.routedCounts()) this.inc({ ...model, engine: String(r.replica), reason: r.reason }, r.count);
+        },
+      });
+    }
 
     this.firstAudio = new Histogram({
       name: "baton:time_to_first_audio_seconds",
@@ -219,15 +285,26 @@ export class BatonMetrics implements RequestRecorder {
     }).labels(model);
     const nodes = options.nodes;
     if (nodes !== undefined) {
+      // Registered first: its collect drains the samples both node histograms observe.
+      const nodeBatch = new Histogram({
+        name: "baton:node_batch_size",
+        help: "Passes one forward of a stateless graph node ran (requests batched into one batch), by node.",
+        labelNames: ["model_name", "node"] as const,
+        buckets: NODE_BATCH_BUCKETS,
+        registers,
+        collect() {
+          for (const s of nodes.takeNodeSteps()) {
+            nodeBatch.observe({ ...model, node: s.node }, s.passes);
+            nodeStep.observe({ ...model, node: s.node }, s.seconds);
+          }
+        },
+      });
       const nodeStep = new Histogram({
         name: "baton:node_step_seconds",
         help: "Round trip of one batch of a stateless graph node (the worker step that ran it), by node.",
         labelNames: ["model_name", "node"] as const,
         buckets: STEP_PHASE_BUCKETS,
         registers,
-        collect() {
-          for (const s of nodes.takeNodeSteps()) nodeStep.observe({ ...model, node: s.node }, s.seconds);
-        },
       });
       new Gauge({
         name: "baton:graph_tensors_held",
@@ -251,23 +328,20 @@ export class BatonMetrics implements RequestRecorder {
   }
 
   private readonly firstAudio;
+  private readonly workerDeaths: (replica: number) => void;
+  private readonly workerRestarts: (replica: number) => void;
 
   /** A speech request's first audio bytes left after this long. */
+  /** A supervisor's health event: a death ("down") or a restarted worker serving again ("up"). */
+  observeWorkerEvent(event: WorkerHealthEvent): void {
+    if (event.kind === "down" || event.kind === "gave-up") this.workerDeaths(event.replica ?? 0);
+    else if (event.kind === "up") this.workerRestarts(event.replica ?? 0);
+  }
+
   observeFirstAudio(seconds: number): void {
     this.firstAudio.observe(seconds);
   }
 
-  /** Observes the steps recorded since the last scrape (at most the ring's capacity). */
-  private drainStepTimings(engine: EngineStatsSource): void {
-    const recent = engine.timings.recent();
-    for (const t of recent) {
-      if (t.stepId <= this.lastStepId) continue;
-      const ms = [t.scheduleMs, t.buildMs, t.roundTripMs, t.processMs];
-      for (let p = 0; p < ms.length; p++) this.phaseChildren[p]?.observe((ms[p] as number) / 1000);
-    }
-    const last = recent[recent.length - 1];
-    if (last !== undefined) this.lastStepId = last.stepId;
-  }
 
   begin(_requestId: string, promptTokens: number, arrivalMs: number, maxTokens: number): RequestTrace {
     let firstMs = -1;

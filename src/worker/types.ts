@@ -50,6 +50,8 @@ export interface WorkerOptions {
   tensorParallelSize?: number;
   /** How ranks above 0 start: "mp" (default) child processes of rank 0, "ray" actors in a Ray placement group. */
   distributedExecutorBackend?: DistributedExecutorBackend;
+  /** Variables added to the worker's environment (a data-parallel replica's CUDA_VISIBLE_DEVICES). */
+  env?: Record<string, string>;
   /** ZeroMQ transport between engine and worker (default "ipc"). */
   transport?: "ipc" | "tcp";
   /**

@@ -166,7 +166,7 @@ export class WorkerProcess {
   static spawn(opts: WorkerOptions, inEndpoint: string, outEndpoint: string): WorkerProcess {
     const pythonEnv = resolvePythonEnv(opts.python);
     const child = spawn(pythonEnv.python, workerArgs(opts, inEndpoint, outEndpoint), {
-      env: pythonEnv.env,
+      env: opts.env === undefined ? pythonEnv.env : { ...pythonEnv.env, ...opts.env },
       stdio: ["pipe", "pipe", "pipe"],
       // Own process group: a terminal's Ctrl-C reaches only us, and we decide
       // how the worker stops (Shutdown, then SIGKILL of the whole group).

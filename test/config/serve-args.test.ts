@@ -17,11 +17,23 @@ function run(args: string[]) {
 }
 
 describe("parseServeArgs", () => {
+  test("media flags, as vLLM names them", () => {
+    const { options } = parseServeArgs(
+      ["--allowed-media-domains", "Example.com cdn.example.org", "--allowed-media-domains=img.test", "--allowed-local-media-path", "/data/images", "--limit-mm-per-prompt", '{"image": 2}', "--max-image-bytes", "1M"],
+      {},
+    );
+    assert.deepEqual(options.media, { allowedDomains: ["example.com", "cdn.example.org", "img.test"], allowedLocalPath: "/data/images", maxImagesPerPrompt: 2, maxImageBytes: 1024 * 1024 });
+    assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", "2"], {}), /expected a JSON object/);
+    assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"video": 1}'], {}), /modality 'video' is not served/);
+    assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"image": -1}'], {}), /non-negative integer/);
+  });
+
   test("defaults", () => {
     const { help, options } = parseServeArgs([], {});
     assert.equal(help, false);
     assert.deepEqual(options, {
       modelDir: null,
+      media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024 },
       host: "127.0.0.1",
       port: 8000,
       servedModelName: null,
@@ -52,9 +64,30 @@ describe("parseServeArgs", () => {
       maxRequestMigrations: 1,
       stepTimeoutS: null,
       shutdownTimeoutS: 20,
+      dataParallelSize: 1,
+      router: { policy: "cache-aware", cacheThreshold: 0.3, balanceAbsThreshold: 64, balanceRelThreshold: 1.5 },
       tensorParallelSize: 1,
       distributedExecutorBackend: "mp",
     });
+  });
+
+  test("--data-parallel-size and the router flags", () => {
+    const { options } = parseServeArgs(["--data-parallel-size", "2", "--router", "round-robin"]);
+    assert.equal(options.dataParallelSize, 2);
+    assert.equal(options.router.policy, "round-robin");
+    const tuned = parseServeArgs(["--data_parallel_size=4", "--router-cache-threshold", "0.5", "--router-balance-abs-threshold", "8", "--router-balance-rel-threshold", "2"]).options;
+    assert.deepEqual(tuned.router, { policy: "cache-aware", cacheThreshold: 0.5, balanceAbsThreshold: 8, balanceRelThreshold: 2 });
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "0"]), /--data-parallel-size: must be at least 1/);
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "two"]), /--data-parallel-size: expected an integer/);
+    assert.throws(() => parseServeArgs(["--router", "random", "--data-parallel-size", "2"]), /choose from cache-aware, round-robin/);
+    assert.throws(() => parseServeArgs(["--router", "round-robin"]), /--router needs --data-parallel-size 2 or more/);
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "2", "--router-cache-threshold", "1.5"]), /--router-cache-threshold: expected a number from 0 to 1/);
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "2", "--router-balance-rel-threshold", "0.5"]), /--router-balance-rel-threshold: expected a number from 1/);
+    assert.throws(
+      () => parseServeArgs(["--data-parallel-size", "2", "--router", "round-robin", "--router-cache-threshold", "0.5"]),
+      /--router-cache-threshold tunes --router cache-aware/,
+    );
+    assert.throws(() => parseServeArgs(["--data-parallel-size", "2", "--deployment", "d.yaml"]), /cannot be combined with --deployment/);
   });
 
   test("--reasoning-parser", () => {

@@ -154,11 +154,22 @@ describe("structured output against the demo model", () => {
       n: 3,
       seed: 5,
     });
+    // A random-weight model may write a string until max_tokens: such a choice is cut
+    // (finish_reason length) and is an object's beginning; every finished one parses.
+    let finished = 0;
     for (const choice of response.choices) {
-      const value: unknown = JSON.parse(choice.message.content ?? "");
+      const text = choice.message.content ?? "";
+      if (choice.finish_reason === "length") {
+        assert.ok(text.startsWith("{"), text);
+        continue;
+      }
+      assert.equal(choice.finish_reason, "stop");
+      const value: unknown = JSON.parse(text);
       assert.equal(typeof value, "object");
       assert.ok(value !== null && !Array.isArray(value));
+      finished += 1;
     }
+    assert.ok(finished > 0, "no choice finished within max_tokens");
   });
 
   test("regex, choice and EBNF outputs match, streamed and not", async () => {

@@ -202,7 +202,7 @@ describe("in headless Chromium", { skip: NO_BROWSER }, () => {
     const distinct = [...new Set(states.filter((s) => s !== ""))];
     assert.ok(distinct.length >= 5, `only ${distinct.length} intermediate states`);
     for (const state of distinct) assert.ok(streamed.startsWith(state), `${JSON.stringify(state)} is not a prefix of the reply`);
-    assert.match(await text(page, "#chat-stats"), /TTFT [\d.]+ ms · \d+ tokens/);
+    assert.match(await text(page, "#chat-stats"), /TTFT [\d.,]+ ms · [\d,]+ tokens/);
   });
 
   test("numbers follow the load: running requests, tokens/s, exact token totals, latencies", async () => {

@@ -1,6 +1,6 @@
 // A model worker that dies is survived (issue 10), against the real CLI, the
 // real Python worker on the demo model and real HTTP:
-// - SIGKILL under 32 greedy streams: /health says 503 and why within 1 s, the
+// - SIGKILL under 32 streams (half greedy, half seeded at temperature 1): /health says 503 and why within 1 s, the
 //   worker is restarted, every stream completes with exactly the text of an
 //   undisturbed run, then /health is 200 and new requests are served; no KV
 //   block is leaked.
@@ -25,7 +25,12 @@ function blocksOf(server: RunningServer): number {
 /** Streams every prompt at once; `progress[i]` follows stream i. */
 function streamAll(url: string, prompts: number[][], maxTokens: number): { progress: StreamProgress[]; done: Promise<StreamResult[]> } {
   const progress = prompts.map(() => ({ tokens: 0 }));
-  return { progress, done: Promise.all(prompts.map((p, i) => streamCompletion(url, p, maxTokens, progress[i]))) };
+  return { progress, done: Promise.all(prompts.map((p, i) => streamCompletion(url, p, maxTokens, progress[i], seededExtra(i)))) };
+}
+
+/** Every other stream samples at temperature 1 with a seed: its migrated text must equal the undisturbed one too. */
+function seededExtra(i: number): Record<string, unknown> {
+  return i % 2 === 1 ? { temperature: 1, seed: 1000 + i } : {};
 }
 
 function assertSameAs(results: StreamResult[], reference: StreamResult[]): void {
@@ -70,9 +75,11 @@ describe("a worker killed under load (request migration on, the default)", () =>
     assert.equal((await health(server.url)).status, 200);
     assert.notEqual(workerPid(server), pid);
     // Served again, and nothing leaked: every block is free once idle.
-    assertSameAs([await streamCompletion(server.url, prompts[3]!, TOKENS)], [reference[3]!]);
+    assertSameAs([await streamCompletion(server.url, prompts[3]!, TOKENS, undefined, seededExtra(3))], [reference[3]!]);
     await waitFor("all KV blocks free", async () => ((await metric(server.url, "baton:kv_free_blocks")) === blocksOf(server) ? true : null), 5_000);
     assert.equal(await metric(server.url, "vllm:num_requests_running"), 0);
+    assert.equal(await metric(server.url, "baton:worker_deaths_total"), 1);
+    assert.equal(await metric(server.url, "baton:worker_restarts_total"), 1);
   });
 
   test("a death during prefill: long prompts are recomputed and complete exactly", async () => {
