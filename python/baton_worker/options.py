@@ -55,6 +55,9 @@ class WorkerOptions:
     # The deployment's model_kwargs: keyword arguments of a graph model's constructor.
     model_kwargs: dict | None = None
     shm_bytes: int = 0  # 0: no shared-memory arena
+    # KV connector: the torch.distributed rendezvous HOST:PORT of the deployment's workers, and their number.
+    kv_transfer: str | None = None
+    kv_transfer_world: int = 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--model-kwargs", help="JSON object: keyword arguments of the graph model's constructor")
     p.add_argument("--shm-bytes", type=int, default=0)
+    p.add_argument("--kv-transfer", help="HOST:PORT: KV transfer rendezvous (prefill/decode disaggregation)")
+    p.add_argument("--kv-transfer-world", type=int, default=0, help="workers in the KV transfer group")
     return p
 
 
@@ -104,6 +109,8 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
     if args.shm_bytes < 0:
         raise OptionsError(f"--shm-bytes must be >= 0, got {args.shm_bytes}")
+    if args.kv_transfer is not None and args.kv_transfer_world <= args.rank:
+        raise OptionsError(f"--kv-transfer-world must be more than --rank {args.rank}, got {args.kv_transfer_world}")
     if args.nodes is not None:
         args.nodes = _node_list(args.nodes)
     if args.model_kwargs is not None:

@@ -37,7 +37,20 @@ export interface EngineRequest {
    * position. Such a request computes its whole prompt (no prefix-cache hit).
    */
   promptLogprobs?: number;
+  /** Prefill/decode disaggregation (src/kv-connector): the request's part in a KV transfer; absent: none. */
+  kvTransfer?: KvTransferParams;
 }
+
+/**
+ * producer (the prefill side): a request that ends on length keeps its KV
+ * blocks, to be sent to the decode side, until the engine's owner releases
+ * them (EngineCore.releaseHeld). consumer (the decode side): the KV of the
+ * first `numTokens` tokens is loaded from `remoteBlockIds` on the worker of
+ * rank `peerRank` instead of computed; a failed load falls back to computing it.
+ */
+export type KvTransferParams =
+  | { role: "producer" }
+  | { role: "consumer"; peerRank: number; remoteBlockIds: readonly number[]; numTokens: number };
 
 export interface TokenLogprob {
   tokenId: number;

@@ -32,6 +32,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   if (opts.modelKwargs !== undefined && Object.keys(opts.modelKwargs).length > 0) args.push("--model-kwargs", JSON.stringify(opts.modelKwargs));
   if (opts.shmBytes !== undefined && opts.shmBytes > 0) args.push("--shm-bytes", String(opts.shmBytes));
+  if (opts.kvTransfer !== undefined) args.push("--kv-transfer", opts.kvTransfer.address, "--kv-transfer-world", String(opts.kvTransfer.worldSize));
   return args;
 }
 

@@ -207,6 +207,10 @@ export class FakeExecutor implements StepExecutor {
       prompt_ranks: prompt.any ? Int32Array.from(prompt.ranks) : null,
       prompt_top_ids: prompt.any ? Int32Array.from(prompt.topIds) : null,
       prompt_top_logprobs: prompt.any ? Float32Array.from(prompt.topLogprobs) : null,
+      kv_loaded: new Int32Array(0),
+      kv_load_failed: new Int32Array(0),
+      kv_load_errors: [],
+      kv_bytes: 0,
     };
   }
 }
