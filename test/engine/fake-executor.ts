@@ -99,6 +99,15 @@ export class FakeExecutor implements StepExecutor {
     return run;
   }
 
+  /** KV connector tests: copies blocks of `from`'s fake cache into this one's (a finished KV load). */
+  copyBlocksFrom(from: FakeExecutor, srcBlocks: ArrayLike<number>, dstBlocks: ArrayLike<number>): void {
+    const bs = this.options.blockSize;
+    for (let i = 0; i < srcBlocks.length; i++) {
+      const src = srcBlocks[i]! * bs;
+      this.kv.set(from.kv.subarray(src, src + bs), dstBlocks[i]! * bs);
+    }
+  }
+
   /** Executes a step at once (what executeStep does after its delay). */
   compute(step: StepMessage): StepResultMessage {
     const bs = this.options.blockSize;
