@@ -171,7 +171,8 @@ export class DisaggregatedCore implements KvLoadListener {
   }
 
   loadFinished(transferId: number, ok: boolean, _error: string | null): void {
-    if (!ok) this.numLoadFailures++;
+    // A load cancelled because its request ended is no failure of the transfer.
+    if (!ok && this.transfers.has(transferId)) this.numLoadFailures++;
     this.endTransfer(transferId);
   }
 
