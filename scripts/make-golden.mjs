@@ -199,6 +199,7 @@ const vectors = {
           num_prompt_tokens: 5,
           sampling: { ...greedy },
           prompt_logprobs: -1,
+          embeds: -1,
         },
         {
           req_id: 11,
@@ -218,6 +219,7 @@ const vectors = {
             logprobs: 5,
           },
           prompt_logprobs: 2,
+          embeds: -1,
         },
       ],
       removed: [3, 9],
@@ -301,6 +303,7 @@ const vectors = {
           num_prompt_tokens: 1,
           sampling: { ...greedy, temperature: 1e-5, top_k: 0, seed: 8589934592, min_tokens: -2147483649, logprobs: 0 },
           prompt_logprobs: 0,
+          embeds: 7,
         },
       ],
       removed: [],

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Installs everything Baton needs, idempotently: npm packages, the TypeScript
-// build, a Python environment for the model worker, the demo model and the
-// demo text-to-speech model; and, when it can (root, apt-get), Debian's
+// build, a Python environment for the model worker, the demo model, the
+// demo text-to-speech model and the demo image model; and, when it can (root, apt-get), Debian's
 // chromium for the dashboard's browser test.
 //
 //   node scripts/setup.mjs              run every step that is out of date
@@ -138,6 +138,24 @@ function ensureDemoTTS(stamp) {
   return true;
 }
 
+// The demo image-generation model (`baton serve models/demo-image`), rebuilt
+// when any file of its package changes (spec, networks and builder shape it).
+function ensureDemoImage(stamp) {
+  const out = join(root, "models", "demo-image");
+  const pkg = join("python", "baton_worker", "models", "demo_image");
+  const files = readdirSync(join(root, pkg))
+    .filter((name) => name.endsWith(".py"))
+    .sort()
+    .map((name) => join(pkg, name));
+  const key = hashFiles(files);
+  if (stamp.demoImage === key && existsSync(join(out, "model.safetensors")) && existsSync(join(out, "config.json"))) return false;
+  run(pythonFor(), ["-m", "baton_worker.models.demo_image.build", "--out", out], {
+    env: { ...process.env, PYTHONPATH: join(root, "python") },
+  });
+  stamp.demoImage = key;
+  return true;
+}
+
 // Chromium for test/frontend/dashboard.test.ts (skipped without a browser).
 // Only as root with apt-get (CI on Debian); quiet, bounded in time, and never
 // a reason for setup to fail. Tried once per checkout by --if-needed runs;
@@ -166,7 +184,7 @@ function ensureBrowser(stamp) {
 
 function main() {
   const stamp = readStamp();
-  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureBrowser];
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureDemoImage, ensureBrowser];
   let changed = false;
   for (const step of steps) {
     changed = step(stamp) || changed;

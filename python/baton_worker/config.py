@@ -118,17 +118,35 @@ def _require(raw: dict, key: str, path: Path):
     return raw[key]
 
 
-def load_model_config(model_dir: Path, *, lenient: bool = False) -> ModelConfig:
+# A composite model's text_config names its decoder by model_type (and often no architectures).
+TEXT_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: str | None = None) -> ModelConfig:
     """Reads config.json (+ generation_config.json for EOS ids).
 
     lenient: fill missing shape fields with small defaults; used by the
     dummy-null load format, which only needs vocab_size.
+    text_config: the key of config.json holding the decoder's own config (a
+    vision-language model's "text_config"); its architecture may be named by
+    model_type alone.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ConfigError(f"model directory {model_dir} does not exist")
     path = model_dir / "config.json"
     raw = read_json(path)
+    if text_config is not None:
+        raw = raw.get(text_config)
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} has no {text_config} object")
+        if not raw.get("architectures") and raw.get("model_type") in TEXT_MODEL_TYPES:
+            raw = {**raw, "architectures": [TEXT_MODEL_TYPES[raw["model_type"]]]}
     architectures = raw.get("architectures") or []
     architecture = architectures[0] if architectures else None
     if architecture not in SUPPORTED_ARCHITECTURES:

@@ -46,8 +46,12 @@ class WeightReader:
         dtype: torch.dtype,
         device: torch.device,
         progress: Callable[[int, int], None] | None = None,
+        rename: Callable[[str], str] | None = None,
     ):
+        """rename: maps the names the caller asks for to the names stored (a
+        composite model's decoder lives under a prefix)."""
         self.files = weight_files(model_dir)
+        self.rename = rename
         self.dtype = dtype
         self.device = device
         self._open: dict[Path, object] = {}
@@ -55,9 +59,11 @@ class WeightReader:
         self._loaded = 0
 
     def has(self, name: str) -> bool:
-        return name in self.files
+        return (self.rename(name) if self.rename else name) in self.files
 
     def get(self, name: str) -> torch.Tensor:
+        if self.rename is not None:
+            name = self.rename(name)
         file = self.files.get(name)
         if file is None:
             raise ConfigError(f"weight {name!r} not found in the model's safetensors files")

@@ -37,7 +37,7 @@ from .config import ConfigError, ModelConfig, load_model_config, read_json
 from .graph.authoring import EngineType
 from .graph.export import export_graph
 from .graph.llm import LLM_NODE, NODE_ENGINES, LLMGraphModel
-from .graph.model import GraphModel
+from .graph.model import GraphModel, KvDecoderLayout
 from .graph.node_runner import NodeRunner, TensorStore
 from .graph.worker_runner import GraphStepRunner
 from .kv_cache import KVCache, bytes_per_block
@@ -148,14 +148,21 @@ class _Decoder:
 
 
 def _load_decoder(
-    opts: WorkerOptions, model_dir: Path, device: torch.device, attention_backend: str, fuse_weights: bool
+    opts: WorkerOptions,
+    model_dir: Path,
+    device: torch.device,
+    attention_backend: str,
+    fuse_weights: bool,
+    layout: KvDecoderLayout | None = None,
 ) -> _Decoder:
+    """layout: where a composite model keeps its decoder (None: the directory is the decoder's)."""
     dummy = opts.load_format == "dummy-null"
-    config = load_model_config(model_dir, lenient=dummy)
+    config = load_model_config(model_dir, lenient=dummy, text_config=layout.text_config if layout else None)
     dtype = resolve_dtype(opts.dtype, config, device)
     model, cache, attention = None, None, None
     if not dummy:
-        reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None)
+        rename = layout.rename if layout else None
+        reader = WeightReader(model_dir, dtype, device, stderr_progress() if opts.progress else None, rename)
         model = DecoderModel(config, reader, fuse=fuse_weights)
         reader.close()
     num_blocks = _num_blocks(opts, config, dtype, device)
@@ -164,6 +171,7 @@ def _load_decoder(
         cache = KVCache(config, num_blocks, opts.block_size, dtype, device)
         attention = make_backend(attention_backend, cache, config.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
+    runner.embeds_token_id = layout.embeds_token_id if layout else None
     if isinstance(attention, FlexBackend) and device.type == "cuda":
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
@@ -253,7 +261,7 @@ def load_worker(opts: WorkerOptions, attention_backend: str = "auto", fuse_weigh
         decoder = None
         if kv_node is not None:
             kv_dir = Path(model.get_kv_model_dir(kv_node))
-            decoder = _load_decoder(opts, kv_dir, device, attention_backend, fuse_weights)
+            decoder = _load_decoder(opts, kv_dir, device, attention_backend, fuse_weights, model.get_kv_decoder_layout(kv_node))
 
     stateless = [n for n in hosted if n != kv_node]
     nodes = NodeRunner(model, device, stateless, TensorStore())

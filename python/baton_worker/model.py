@@ -188,15 +188,26 @@ class DecoderModel:
         positions: torch.Tensor,
         logits_indices: torch.Tensor,
         attention: AttentionBackend,
+        replace: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Runs all new tokens of a step (attention.prepare() already called for
         it); returns float32 logits [len(logits_indices), vocab]."""
-        return self.logits(self.hidden_states(input_ids, positions, attention), logits_indices)
+        return self.logits(self.hidden_states(input_ids, positions, attention, replace), logits_indices)
 
     @torch.inference_mode()
-    def hidden_states(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
-        """The residual stream after the last layer, one row per new token (before the final norm)."""
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attention: AttentionBackend,
+        replace: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """The residual stream after the last layer, one row per new token (before the final norm).
+        replace: (indices, rows): these rows stand in for the token embeddings at those indices
+        (image features at image-token positions)."""
         x = F.embedding(input_ids, self.embed)
+        if replace is not None:
+            x = x.index_copy(0, replace[0], replace[1].to(x.dtype))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.config.rms_norm_eps)

@@ -85,6 +85,12 @@ class StepRunner:
         self.graphs = None  # cuda_graphs.DecodeGraphs, set by loading on CUDA
         # Slots of requests that want prompt logprobs, until their prompt is computed.
         self.prompt_slots: set[int] = set()
+        # Prompt embeddings (AddedRequest.embeds): the token they replace, how a handle
+        # resolves to its tensor (the graph worker's store), and per slot the
+        # replaced positions with their rows.
+        self.embeds_token_id: int | None = None
+        self.embeds_of: Callable[[int], torch.Tensor] | None = None
+        self.embeds: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -98,20 +104,21 @@ class StepRunner:
         sample_slots = slots[sample]
         sampled = [self.by_slot[s] for s in sample_slots.tolist()]
         prompt = self._prompt_rows(slots, start, num_new) if self.prompt_slots else None
+        replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
         t1 = time.perf_counter()
         logits = None
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
             if prompt is not None:
                 self.attention.prepare(inputs.attention)
-                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention)
+                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention, replace)
                 logits = self.model.logits(hidden, inputs.logits_indices)
                 prompt_out = self._prompt_logprobs(hidden, prompt)
             else:
-                logits = self.graphs.run(inputs) if self.graphs is not None else None
+                logits = self.graphs.run(inputs) if self.graphs is not None and replace is None else None
                 if logits is None:
                     self.attention.prepare(inputs.attention)
-                    logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention)
+                    logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention, replace)
         elif prompt is not None:
             # dummy-null: no model, so every prompt position scores 0 with no alternatives.
             total = len(prompt.targets)
@@ -150,6 +157,7 @@ class StepRunner:
             if state is not None:
                 del self.slot_of[req_id], self.by_slot[state.slot]
                 self.prompt_slots.discard(state.slot)
+                self.embeds.pop(state.slot, None)
                 self.batch.remove(state.slot)
 
     def _add(self, step: Step) -> None:
@@ -166,7 +174,10 @@ class StepRunner:
             if bad.size:
                 j = int(bad[0])
                 raise ProtocolError(f"{where}.token_ids[{j}]", f"{int(tokens[j])} is outside the vocabulary [0, {self.vocab_size})")
+            replaced = self._added_embeds(where, added) if added.embeds >= 0 else None
             slot = self.batch.add(tokens)
+            if replaced is not None:
+                self.embeds[slot] = replaced
             state = RequestState(
                 req_id=added.req_id,
                 token_ids=tokens.tolist(),
@@ -237,6 +248,38 @@ class StepRunner:
                 f"request {req_id} needs {-(-end // self.block_size)} blocks for {end} tokens, has {pages}",
             )
         return ProtocolError(f"Step.sample[{i}]", f"row ends at position {end} but request {req_id} has {known} tokens")
+
+    # ------------------------------------------------------------ prompt embeddings
+
+    def _added_embeds(self, where: str, added) -> tuple[np.ndarray, torch.Tensor]:
+        """The positions of the prompt's embeds token and the rows that replace them."""
+        if self.embeds_of is None or self.embeds_token_id is None:
+            raise ProtocolError(f"{where}.embeds", "this worker's model takes no prompt embeddings")
+        try:
+            rows = self.embeds_of(added.embeds)
+        except KeyError:
+            raise ProtocolError(f"{where}.embeds", f"tensor handle {added.embeds} is not in this worker's store") from None
+        positions = np.flatnonzero(added.token_ids[: added.num_prompt_tokens] == self.embeds_token_id).astype(np.int64)
+        if rows.dim() != 2 or rows.shape[0] != len(positions):
+            raise ProtocolError(
+                f"{where}.embeds", f"tensor of shape {tuple(rows.shape)} for {len(positions)} positions of token {self.embeds_token_id}"
+            )
+        return positions, rows
+
+    def _replaced_rows(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(indices into the step's flattened tokens, rows) for the replaced
+        positions this step computes (a chunk of a prompt may hold part of an image)."""
+        query_start = np.concatenate(([0], np.cumsum(num_new)))
+        index, parts = [], []
+        for i in np.flatnonzero(np.isin(slots, np.fromiter(self.embeds, np.int64, len(self.embeds)))).tolist():
+            positions, rows = self.embeds[int(slots[i])]
+            lo, hi = np.searchsorted(positions, [start[i], start[i] + num_new[i]])
+            if hi > lo:
+                index.append(positions[lo:hi] - start[i] + query_start[i])
+                parts.append(rows[lo:hi])
+        if not index:
+            return None
+        return torch.as_tensor(np.concatenate(index), device=self.device), torch.cat(parts)
 
     # ------------------------------------------------------------ prompt logprobs
 

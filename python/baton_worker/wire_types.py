@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 @dataclass
@@ -41,13 +41,16 @@ class SamplingParams:
 
 @dataclass
 class AddedRequest:
-    """prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs."""
+    """prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
+
+    embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model."""
 
     req_id: int
     token_ids: np.ndarray
     num_prompt_tokens: int
     sampling: SamplingParams
     prompt_logprobs: int = -1
+    embeds: int = -1
 
 
 @dataclass
@@ -297,6 +300,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("num_prompt_tokens", "int", False, None),
         ("sampling", "struct", False, "SamplingParams"),
         ("prompt_logprobs", "int", False, None),
+        ("embeds", "int", False, None),
     ),
     "StepTimings": (
         ("prepare_ms", "float", False, None),

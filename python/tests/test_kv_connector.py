@@ -47,7 +47,7 @@ def _transfer(tid: int, peer: int, blocks: list[int], tokens: int) -> KvTransfer
     return KvTransfer(tid, f"req-{tid}", peer, np.asarray(blocks, np.int32), tokens)
 
 
-def _prefill(port: int, heads: int, backend: str, device: str) -> None:
+def _prefill(port: int, heads: int, backend: str, device: str, finished) -> None:
     cache = _cache(heads, device)
     _fill(cache, 1)
     worker = KvConnectorWorker(cache, TorchDistributedTransport(f"127.0.0.1:{port}", 2, 0, backend))
@@ -56,11 +56,11 @@ def _prefill(port: int, heads: int, backend: str, device: str) -> None:
     while worker.sends and time.monotonic() < deadline:
         worker.poll()
         time.sleep(0.01)
-    time.sleep(0.5)  # let the peer finish before the group goes away
+    finished.wait(60)  # the group stays up until the peer has everything
     worker.close()
 
 
-def _decode(port: int, heads: int, backend: str, device: str, out) -> None:
+def _decode(port: int, heads: int, backend: str, device: str, out, finished) -> None:
     cache = _cache(2, device)
     before = [layer.clone() for layer in cache.layers]
     worker = KvConnectorWorker(cache, TorchDistributedTransport(f"127.0.0.1:{port}", 2, 1, backend), load_timeout_s=20)
@@ -74,6 +74,7 @@ def _decode(port: int, heads: int, backend: str, device: str, out) -> None:
         failed += report.failed
         errors += report.errors
         nbytes += report.nbytes
+    finished.set()
     worker.close()
     expected = _cache(heads)
     _fill(expected, 1)
@@ -90,11 +91,15 @@ def _run(heads: int, backend: str = "gloo", device: str = "cpu"):
     ctx = mp.get_context("spawn")
     port = _port()
     out = ctx.Queue()
-    procs = [ctx.Process(target=_prefill, args=(port, heads, backend, device)), ctx.Process(target=_decode, args=(port, heads, backend, device, out))]
+    finished = ctx.Event()
+    procs = [
+        ctx.Process(target=_prefill, args=(port, heads, backend, device, finished)),
+        ctx.Process(target=_decode, args=(port, heads, backend, device, out, finished)),
+    ]
     for p in procs:
         p.start()
     try:
-        result = out.get(timeout=60)
+        result = out.get(timeout=120)
     finally:
         for p in procs:
             p.join(timeout=30)

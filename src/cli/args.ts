@@ -7,6 +7,7 @@ import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import { CACHE_AWARE_DEFAULTS, ROUTER_POLICIES, type RouterOptions } from "../router/router.js";
+import { DEFAULT_MAX_IMAGE_BYTES, type MediaOptions } from "../frontend/media.js";
 
 export type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
@@ -71,6 +72,8 @@ export interface ServeOptions {
   dataParallelSize: number;
   /** --router and its thresholds: which replica takes a request (with dataParallelSize > 1). */
   router: RouterOptions;
+  /** What image_url parts may load and how many and how large (vLLM's media flags). */
+  media: MediaOptions;
 }
 
 export const SERVE_DEFAULTS = {
@@ -130,6 +133,10 @@ const SERVE_FLAGS = {
   "router-cache-threshold": { type: "string" },
   "router-balance-abs-threshold": { type: "string" },
   "router-balance-rel-threshold": { type: "string" },
+  "allowed-media-domains": { type: "string", multiple: true },
+  "allowed-local-media-path": { type: "string" },
+  "limit-mm-per-prompt": { type: "string" },
+  "max-image-bytes": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -189,7 +196,7 @@ function numberFlag(value: string | undefined, flag: string, min: number, max: n
 }
 
 /** --data-parallel-size and the router flags, which mean nothing without it. */
-function dataParallelFlags(values: Record<string, string | boolean | undefined>): { dataParallelSize: number; router: RouterOptions } {
+function dataParallelFlags(values: Record<string, string | string[] | boolean | undefined>): { dataParallelSize: number; router: RouterOptions } {
   const text = (name: string): string | undefined => {
     const v = values[name];
     return typeof v === "string" ? v : undefined;
@@ -313,8 +320,37 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       stepTimeoutS: secondsFlag(values["step-timeout"], "step-timeout", 0.1) ?? null,
       shutdownTimeoutS: secondsFlag(values["shutdown-timeout"], "shutdown-timeout", 0) ?? SERVE_DEFAULTS.shutdownTimeoutS,
       ...dataParallelFlags(values),
+      media: {
+        // vLLM takes the domains space-separated after one flag; several flags add up.
+        allowedDomains: (values["allowed-media-domains"] ?? []).flatMap((v) => v.split(/[\s,]+/)).filter((d) => d !== "").map((d) => d.toLowerCase()),
+        allowedLocalPath: values["allowed-local-media-path"] ?? null,
+        maxImagesPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]),
+        maxImageBytes: intFlag(values["max-image-bytes"], "max-image-bytes", 1, DEFAULT_MAX_IMAGE_BYTES),
+      },
     },
   };
+}
+
+/** --limit-mm-per-prompt '{"image": N}' (vLLM's JSON form): the most images one prompt may hold; null: no limit. */
+function limitMmPerPrompt(value: string | undefined): number | null {
+  if (value === undefined) return null;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(value);
+  } catch {
+    throw new UsageError(`invalid value '${value}' for --limit-mm-per-prompt: expected JSON such as '{"image": 2}'`);
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) {
+    throw new UsageError(`invalid value '${value}' for --limit-mm-per-prompt: expected a JSON object such as '{"image": 2}'`);
+  }
+  const limits = parsed as Record<string, unknown>;
+  for (const [modality, limit] of Object.entries(limits)) {
+    if (modality !== "image") throw new UsageError(`--limit-mm-per-prompt: modality '${modality}' is not served (only "image")`);
+    if (typeof limit !== "number" || !Number.isSafeInteger(limit) || limit < 0) {
+      throw new UsageError(`--limit-mm-per-prompt: "image" must be a non-negative integer, got ${JSON.stringify(limit)}`);
+    }
+  }
+  return typeof limits.image === "number" ? limits.image : null;
 }
 
 export const MAIN_HELP = `Usage: baton <command> [options]
@@ -388,6 +424,11 @@ Options (vLLM's names; --flag value or --flag=value):
                                    than N requests more than the idlest (default ${CACHE_AWARE_DEFAULTS.balanceAbsThreshold}) ...
   --router-balance-rel-threshold F   ... and more than F times as many (default ${CACHE_AWARE_DEFAULTS.balanceRelThreshold}); then the least
                                    loaded replica takes it
+  --allowed-media-domains D [D...] image_url parts may fetch http(s) URLs of these hosts (default: none;
+                                   data: URLs are always allowed)
+  --allowed-local-media-path DIR   image_url parts may read file:// URLs under DIR (default: none)
+  --limit-mm-per-prompt JSON       most images per prompt, e.g. '{"image": 2}' (default: no limit)
+  --max-image-bytes N              largest image accepted, in bytes (default 20M = 20 MiB)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

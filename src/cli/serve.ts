@@ -276,6 +276,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     toolCallParser: options.toolCallParser,
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
+    vision: info.vision,
+    media: options.media,
     numWaiting: () => liveEngine.stats.numWaiting,
     dashboard: new DashboardFeed({
       modelName: name,
@@ -287,6 +289,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       ? {
           engine,
           outputModalities,
+          imageGeneration: info.imageGeneration,
           onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
         }
       : null,
@@ -298,6 +301,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
   const health = new ServingHealth(replicaCount, (dataParallel?.replicas[0] ?? engine).pids.length);
   engine.onWorkerEvent((event: WorkerHealthEvent) => {
     if (stopping) return;
+    metrics.observeWorkerEvent(event);
     const update = health.apply(event);
     log(update.log.line, update.log.level);
     if (update.stop !== null) {

@@ -72,6 +72,8 @@ export interface NodeStats {
 export interface NodeStepSample {
   node: string;
   seconds: number;
+  /** Passes the batch ran in one forward (requests batched). */
+  passes: number;
 }
 
 export interface GraphEngineOptions {
@@ -292,14 +294,34 @@ export class GraphEngine implements LaneListener {
     this.checkNew(req.id);
     const config = this.config;
     if (config === null) throw new RequestRejectedError(`request ${req.id}: this model has no kv_cache node to generate text`);
-    if (this.graph.promptNames.length !== 1) {
-      throw new RequestRejectedError(`request ${req.id}: this model's prompt is not token ids (it takes ${this.graph.promptNames.join(", ")})`);
-    }
     checkSubmittable(req, { ...config, vocabSize: this.lanes[0]!.ready.vocab_size });
     if (req.grammar != null && !this.primaryCore!.takesGrammars) {
       throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     }
     const live = this.track(req.id, onOutput, null, req, {});
+    if (this.graph.promptNames.length !== 1) {
+      // A prompt of token ids and more (a vision-language model's images): the
+      // model's process_prompt turns the ids and the media into its prompt values.
+      const media = req.media ?? null;
+      this.start(live, () => {
+        this.admitAfterPrompt.set(req.id, []);
+        this.lanes[0]!.addPrompt({
+          request_id: req.id,
+          prompt: null,
+          input_modalities: media !== null && media.images.length > 0 ? ["text", "image"] : ["text"],
+          output_modalities: ["text"],
+          kwargs: {
+            token_ids: req.promptIds,
+            images: media?.images ?? [],
+            image_params: media?.params ?? [],
+            image_token_counts: media?.spans.map((s) => s.length) ?? [],
+          },
+          publish: this.publish.prompts,
+        });
+      });
+      return;
+    }
+    if ((req.media?.images.length ?? 0) > 0) throw new RequestRejectedError(`request ${req.id}: this model does not take images`);
     const prompt = new Map([[this.graph.promptNames[0]!, [{ kind: "tokens", ids: Int32Array.from(req.promptIds) } as Value]]]);
     this.start(live, () => {
       live.admitted = true;
@@ -527,7 +549,17 @@ export class GraphEngine implements LaneListener {
       }
       for (const t of v.ids) ids.push(t);
     }
-    const base = req.engineRequest;
+    // A second input is the features replacing the prompt's image-token embeddings (a tensor on the node's worker).
+    let embedsHandle = -1;
+    for (const v of start.inputs[1] ?? []) {
+      if (v.kind !== "tensor" || v.worker !== this.coreLanes[node.id]!.rank) {
+        const what = v.kind === "tensor" ? `a tensor of worker ${v.worker}` : `a ${v.kind}`;
+        this.deferred.push(() => this.conductor.failRequest(req.id, `kv_cache node ${node.name} takes prompt embeddings as a tensor of its own worker, not ${what}`));
+        return;
+      }
+      embedsHandle = v.handle;
+    }
+    const base = embedsHandle < 0 ? req.engineRequest : { ...req.engineRequest, embedsHandle };
     const config = this.configs[node.id]!;
     const cap = Math.min(base.stop.maxTokens, this.nodeTokenCap[node.id]!, Math.max(1, config.maxModelLen - ids.length));
     const engineRequest: EngineRequest =
@@ -631,8 +663,8 @@ export class GraphEngine implements LaneListener {
   // ------------------------------------------------------------ worker results
 
   stepDone(lane: WorkerLane, work: AttachedWork, result: StepResultMessage, roundTripMs: number): void {
-    for (const b of work.batches) {
-      this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000 });
+    for (const b of work.sent) {
+      this.stepSamples.push({ node: b.node, seconds: roundTripMs / 1000, passes: b.passes.length });
       this.lastStepSeconds.set(b.node, roundTripMs / 1000);
     }
     if (this.stepSamples.length > 4096) this.stepSamples.splice(0, this.stepSamples.length - 4096);
@@ -667,7 +699,9 @@ export class GraphEngine implements LaneListener {
       if (handles.length > 0) lane.release(handles);
       if (req !== undefined && !req.admitted) {
         req.endStatus = 400;
-        this.end(req, "error", result === undefined ? `worker ${lane.rank} did not answer the prompt` : `process_prompt: ${result.error}`);
+        // A text request's client sees the model's own words (e.g. "messages[0].content[1]: ..."), not the hook's name.
+        const refused = req.onOutput !== null ? (result?.error ?? "").replace(/^process_prompt: \w+: /, "") : `process_prompt: ${result?.error}`;
+        this.end(req, "error", result === undefined ? `worker ${lane.rank} did not answer the prompt` : refused);
       }
       return;
     }
@@ -708,7 +742,10 @@ export class GraphEngine implements LaneListener {
    */
   workerLost(rank: number, reason: string): void {
     const message = `the model worker of rank ${rank} died: ${reason}`;
-    const graphRequests = [...this.live.values()].filter((r) => r.onEvent !== null && !r.ended);
+    // A text request of a graph whose prompt values live in workers (a vision-language
+    // model's image features) cannot be recomputed on a fresh worker either.
+    const tensorPrompts = this.graph.promptNames.length !== 1;
+    const graphRequests = [...this.live.values()].filter((r) => (r.onEvent !== null || tensorPrompts) && !r.ended);
     for (const req of graphRequests) req.endStatus = 503;
     this.lanes[rank]!.workerLost(new Error(message));
     for (const req of graphRequests) {
@@ -822,6 +859,10 @@ export class GraphEngine implements LaneListener {
         numCachedTokens: core?.numCachedTokens ?? 0,
         error: req.ended ? req.endError : null,
       };
+      // A refused input is the client's 400; a lost worker, for requests that cannot be recomputed, a 503.
+      if (req.ended && req.endError !== null && (req.endStatus === 400 || (req.endStatus === 503 && this.graph.promptNames.length !== 1))) {
+        output.errorStatus = req.endStatus;
+      }
       // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
       if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
       if (core?.timing !== undefined) output.timing = core.timing;

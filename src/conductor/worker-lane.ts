@@ -24,7 +24,10 @@ import type { WorkerClient } from "../worker/types.js";
 /** The graph work a step carried, for matching its results (or failing them). */
 export interface AttachedWork {
   readonly prompts: readonly PromptRequest[];
+  /** The batches as the conductor made them. */
   readonly batches: readonly PassBatch[];
+  /** What the worker ran: one forward per entry (mergeBatches). */
+  readonly sent: readonly PassBatch[];
 }
 
 export interface LaneListener {
@@ -36,7 +39,7 @@ export interface LaneListener {
 
 const NO_INTS = new Int32Array(0);
 const NO_BYTES = new Uint8Array(0);
-const NO_WORK: AttachedWork = Object.freeze({ prompts: [], batches: [] });
+const NO_WORK: AttachedWork = Object.freeze({ prompts: [], batches: [], sent: [] });
 
 export class WorkerLane implements StepExecutor {
   private prompts: PromptRequest[] = [];
@@ -79,7 +82,7 @@ export class WorkerLane implements StepExecutor {
     this.down = true;
     this.releases = [];
     this.finished = [];
-    const work: AttachedWork = { prompts: this.prompts, batches: this.batches };
+    const work: AttachedWork = { prompts: this.prompts, batches: this.batches, sent: this.batches };
     this.prompts = [];
     this.batches = [];
     if (work.prompts.length > 0 || work.batches.length > 0) this.listener.stepFailed(this, work, error);
@@ -196,9 +199,10 @@ export class WorkerLane implements StepExecutor {
       this.kvSends = [];
     }
     if (this.prompts.length === 0 && this.batches.length === 0) return NO_WORK;
-    const work: AttachedWork = { prompts: this.prompts, batches: this.batches };
+    const sent = mergeBatches(this.batches);
+    const work: AttachedWork = { prompts: this.prompts, batches: this.batches, sent };
     message.prompts = this.prompts;
-    message.batches = this.batches;
+    message.batches = sent;
     this.prompts = [];
     this.batches = [];
     return work;
@@ -228,6 +232,32 @@ export class WorkerLane implements StepExecutor {
       this.executeStep(graphOnlyStep()).catch(() => {});
     });
   }
+}
+
+/**
+ * One batch per (node, walk) for a step: the passes of batches the conductor
+ * handed out at different moments (requests admitted apart, passes completed
+ * by different steps) run as one forward on the worker, not one per batch.
+ * A request's passes stay in order: a batch with a request already in the
+ * merged one (two stream chunks of one request) starts a new one after it.
+ */
+export function mergeBatches(batches: readonly PassBatch[]): PassBatch[] {
+  if (batches.length < 2) return batches.slice();
+  const merged: PassBatch[] = [];
+  const open = new Map<string, { batch: PassBatch; requests: Set<string> }>();
+  for (const b of batches) {
+    const key = `${b.node}\u0000${b.walk}`;
+    const target = open.get(key);
+    if (target !== undefined && !b.passes.some((p) => target.requests.has(p.request_id))) {
+      target.batch.passes.push(...b.passes);
+      for (const p of b.passes) target.requests.add(p.request_id);
+      continue;
+    }
+    const batch: PassBatch = { ...b, passes: [...b.passes] };
+    merged.push(batch);
+    open.set(key, { batch, requests: new Set(b.passes.map((p) => p.request_id)) });
+  }
+  return merged;
 }
 
 /** A step with no rows: it carries only graph work. */

@@ -5,6 +5,7 @@
 
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
+import type { VisionPrompt } from "../frontend/media.js";
 
 /** A model directory that cannot be used; the message names the directory or file. */
 export class ModelDirError extends Error {
@@ -31,6 +32,25 @@ export interface ModelDirInfo {
   /** null when the directory has no tokenizer.json (a model without text in or out, e.g. a graph whose nodes bring their own). */
   tokenizerPath: string | null;
   tokenizer: TokenizerSettings;
+  /** config.json `image_generation`: what an image model's /v1/images/generations accepts; null for other models. */
+  imageGeneration: ImageGenerationSpec | null;
+  /** A vision-language model (LlavaForConditionalGeneration): how images sit in its prompts; null otherwise. */
+  vision: VisionPrompt | null;
+}
+
+/** An image model's request bounds, from its config.json `image_generation` block (the model's builder writes it). */
+export interface ImageGenerationSpec {
+  /** Supported sizes, "WxH". */
+  sizes: string[];
+  defaultSize: string;
+  defaultInferenceSteps: number;
+  maxInferenceSteps: number;
+  /** Most images one request may ask for. */
+  maxN: number;
+  /** The text encoder reads at most this many prompt ids (one per UTF-8 byte, plus a start id). */
+  maxPromptTokens: number;
+  /** Image pixels per latent position along each side (usage counts latent positions as image tokens). */
+  latentDownsampling: number;
 }
 
 export interface TokenizerSettings {
@@ -183,5 +203,67 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     vocabSize: optionalInt(textConfig.vocab_size, "config.json vocab_size"),
     tokenizerPath,
     tokenizer: readTokenizerSettings(dir),
+    imageGeneration: readImageGeneration(config.image_generation, configPath),
+    vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config) : null,
   };
+}
+
+function readImageGeneration(raw: Json | undefined, configPath: string): ImageGenerationSpec | null {
+  if (raw === undefined || raw === null) return null;
+  const where = `${configPath} image_generation`;
+  if (!isObject(raw)) throw new ModelDirError(`${where} must be an object`);
+  const positive = (key: string): number => {
+    const value = optionalInt(raw[key], `${where}.${key}`);
+    if (value === null || value < 1) throw new ModelDirError(`${where}.${key} must be a positive integer`);
+    return value;
+  };
+  const sizes = raw.sizes;
+  if (!Array.isArray(sizes) || sizes.length === 0 || !sizes.every((s): s is string => typeof s === "string" && /^[1-9][0-9]*x[1-9][0-9]*$/.test(s))) {
+    throw new ModelDirError(`${where}.sizes must be a non-empty list of sizes such as "64x64"`);
+  }
+  const defaultSize = raw.default_size;
+  if (typeof defaultSize !== "string" || !sizes.includes(defaultSize)) throw new ModelDirError(`${where}.default_size must be one of sizes`);
+  const spec: ImageGenerationSpec = {
+    sizes,
+    defaultSize,
+    defaultInferenceSteps: positive("default_inference_steps"),
+    maxInferenceSteps: positive("max_inference_steps"),
+    maxN: positive("max_n"),
+    maxPromptTokens: positive("max_prompt_tokens"),
+    latentDownsampling: positive("latent_downsampling"),
+  };
+  if (spec.defaultInferenceSteps > spec.maxInferenceSteps) throw new ModelDirError(`${where}.default_inference_steps must not exceed max_inference_steps`);
+  return spec;
+}
+
+function sizeOf(value: Json | undefined, what: string): { height: number; width: number } | null {
+  if (typeof value === "number") return { height: value, width: value };
+  if (!isObject(value)) return null;
+  const height = optionalInt(value.height ?? value.shortest_edge, `${what}.height`);
+  const width = optionalInt(value.width ?? value.shortest_edge, `${what}.width`);
+  return height !== null && width !== null ? { height, width } : null;
+}
+
+/**
+ * The image token and how many tokens one image takes, counted as transformers'
+ * LlavaProcessor does: (height / patch) * (width / patch) of the processed
+ * image, plus num_additional_image_tokens, less one with the "default" feature
+ * strategy (which drops the CLS feature). The worker checks that its vision
+ * node gives as many features.
+ */
+function readLlavaPrompt(dir: string, config: JsonObject): VisionPrompt {
+  const processor = readJsonObject(join(dir, "processor_config.json"), false) ?? {};
+  const preprocessor = readJsonObject(join(dir, "preprocessor_config.json"), true);
+  const visionConfig = isObject(config.vision_config) ? config.vision_config : {};
+  const imageTokenId = optionalInt(config.image_token_index ?? config.image_token_id, "config.json image_token_index") ?? 32000;
+  const imageToken = typeof processor.image_token === "string" ? processor.image_token : "<image>";
+  const patch = optionalInt(processor.patch_size ?? visionConfig.patch_size, "processor_config.json patch_size") ?? 14;
+  const additional = optionalInt(processor.num_additional_image_tokens, "processor_config.json num_additional_image_tokens") ?? 0;
+  const strategy = processor.vision_feature_select_strategy ?? config.vision_feature_select_strategy ?? "default";
+  const cropped = preprocessor.do_center_crop !== false;
+  const size = (cropped ? sizeOf(preprocessor.crop_size, "crop_size") : null) ?? sizeOf(preprocessor.size, "size");
+  if (size === null) throw new ModelDirError(`${join(dir, "preprocessor_config.json")}: no crop_size or size to count image tokens with`);
+  const tokensPerImage = Math.floor(size.height / patch) * Math.floor(size.width / patch) + additional - (strategy === "default" ? 1 : 0);
+  if (tokensPerImage < 1) throw new ModelDirError(`${dir}: an image would take ${tokensPerImage} tokens`);
+  return { imageToken, imageTokenId, tokensPerImage };
 }

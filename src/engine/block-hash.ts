@@ -6,6 +6,8 @@
 // Two independent 32-bit lanes (murmur3-style mixing) give a 53-bit integer,
 // which fits a JS number exactly and keys a Map without allocating strings.
 
+import type { MediaSpan } from "./types.js";
+
 const TWO_32 = 0x1_0000_0000;
 const HI_MASK = 0x1f_ffff; // 21 bits: 21 + 32 = 53
 
@@ -54,9 +56,32 @@ export function hashBlock(parentHash: number, tokens: ArrayLike<number>, start: 
  * tokenIds. Only new blocks are hashed, so the cost per step is proportional
  * to the new tokens, not to the request's length.
  */
-export function extendBlockHashes(hashes: number[], tokenIds: readonly number[], blockSize: number, numBlocks: number): void {
+export function extendBlockHashes(
+  hashes: number[],
+  tokenIds: readonly number[],
+  blockSize: number,
+  numBlocks: number,
+  media: readonly MediaSpan[] = NO_MEDIA,
+): void {
   for (let i = hashes.length; i < numBlocks; i++) {
     const parent = i === 0 ? ROOT_HASH : (hashes[i - 1] as number);
-    hashes.push(hashBlock(parent, tokenIds, i * blockSize, blockSize));
+    const hash = hashBlock(parent, tokenIds, i * blockSize, blockSize);
+    hashes.push(media.length === 0 ? hash : withMedia(hash, media, i * blockSize, blockSize));
   }
+}
+
+const NO_MEDIA: readonly MediaSpan[] = [];
+
+/**
+ * The block's hash with the hash of every image whose tokens overlap the block
+ * (vLLM's multimodal extra keys): image tokens are all the same id, so the
+ * tokens alone cannot tell two images apart. Blocks before an image's first
+ * token are unchanged, so a shared text prefix still hits.
+ */
+function withMedia(hash: number, media: readonly MediaSpan[], start: number, count: number): number {
+  const keys: number[] = [];
+  for (const span of media) {
+    if (span.offset < start + count && span.offset + span.length > start) keys.push(span.hash >>> 0, Math.floor(span.hash / TWO_32));
+  }
+  return keys.length === 0 ? hash : hashBlock(hash, keys, 0, keys.length);
 }

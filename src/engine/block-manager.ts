@@ -117,7 +117,7 @@ export class BlockManager implements KVCacheManager {
     const hits: number[] = [];
     if (!this.enablePrefixCaching || this.cachedBlockByHash.size === 0) return hits;
     const maxBlocks = Math.floor((request.numTokens - 1) / this.blockSize);
-    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, maxBlocks);
+    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, maxBlocks, request.media);
     for (let i = 0; i < maxBlocks; i++) {
       const hash = request.blockHashes[i] as number;
       const block = this.cachedBlockByHash.get(hash);
@@ -157,7 +157,7 @@ export class BlockManager implements KVCacheManager {
     if (!this.enablePrefixCaching) return;
     const numFull = Math.min(Math.floor(numComputedTokens / this.blockSize), request.blockIds.length);
     if (numFull <= request.numCommittedBlocks) return;
-    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, numFull);
+    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, numFull, request.media);
     for (let i = request.numCommittedBlocks; i < numFull; i++) {
       const block = request.blockIds[i] as number;
       const hash = request.blockHashes[i] as number;

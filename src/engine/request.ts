@@ -4,7 +4,7 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, KvTransferParams, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
+import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
 
 /** loading: its KV is being loaded from another worker (prefill/decode disaggregation). */
 export type RequestStatus = "waiting" | "loading" | "running" | "finished";
@@ -26,6 +26,10 @@ export class Request {
   readonly grammar: RequestGrammar | null;
   /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
   readonly promptLogprobs: number;
+  /** Image token runs of a vision-language prompt (empty: none), hashed into the block hashes. */
+  readonly media: readonly MediaSpan[];
+  /** EngineRequest.embedsHandle, -1 when none. */
+  readonly embeds: number;
   /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
   readonly promptLogprobEntries: PromptTokenLogprob[] = [];
   promptLogprobsSent = false;
@@ -84,6 +88,8 @@ export class Request {
     this.onOutput = onOutput;
     this.grammar = req.grammar ?? null;
     this.promptLogprobs = req.promptLogprobs ?? -1;
+    this.media = req.media?.spans ?? [];
+    this.embeds = req.embedsHandle ?? -1;
     this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();

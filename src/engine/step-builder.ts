@@ -79,5 +79,6 @@ function addedRequest(request: Request): AddedRequest {
     num_prompt_tokens: request.numPromptTokens,
     sampling: request.sampling,
     prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
+    embeds: request.embeds,
   };
 }

@@ -39,6 +39,32 @@ export interface EngineRequest {
   promptLogprobs?: number;
   /** Prefill/decode disaggregation (src/kv-connector): the request's part in a KV transfer; absent: none. */
   kvTransfer?: KvTransferParams;
+  /**
+   * A vision-language prompt: where each image's tokens sit and a hash of the
+   * image's bytes (block hashes of the blocks covering them include it, so the
+   * same text with another image never hits the prefix cache there); the
+   * images' bytes for the worker's preprocessing, each named by its place in
+   * the request (messages[0].content[1]) for error messages.
+   */
+  media?: PromptMedia | null;
+  /** The handle (in the kv_cache node's worker) of the image features that replace the image tokens' embeddings; set by the graph engine. */
+  embedsHandle?: number;
+}
+
+/** One image's run of tokens in a prompt. */
+export interface MediaSpan {
+  /** Position of its first token. */
+  offset: number;
+  length: number;
+  /** 53-bit hash of the image's bytes. */
+  hash: number;
+}
+
+export interface PromptMedia {
+  spans: MediaSpan[];
+  images: Uint8Array[];
+  /** Where each image came from in the request (for error messages). */
+  params: string[];
 }
 
 /**
@@ -90,6 +116,8 @@ export interface RequestOutput {
   numCachedTokens: number;
   /** Set with finishReason "error". */
   error: string | null;
+  /** With an error: 400 when the request's own input was refused before it ran (an image that does not decode), 503 when its worker died; absent otherwise. */
+  errorStatus?: number;
   /**
    * With the first generated token of a request that asked for prompt
    * logprobs: one entry per prompt token after the first (prompt token i + 1

@@ -15,7 +15,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { ApiError } from "./openai-error.js";
 
 /** POST routes that queue work in the engine. */
-export const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/generate", "/v1/audio/speech"]);
+export const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/generate", "/v1/audio/speech", "/v1/images/generations"]);
 
 /** Seconds a client should wait before retrying a 429 (queue full). */
 export const RETRY_AFTER_BUSY_S = 1;

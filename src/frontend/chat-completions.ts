@@ -25,6 +25,8 @@ import {
 } from "./run-generation.js";
 import { attachGrammar, compileRequestGrammar, toolChoiceGrammar } from "./structured-output.js";
 import { withParsedToolArguments } from "./tool-request.js";
+import { expandImageTokens, loadImages } from "./media.js";
+import type { PromptMedia } from "../engine/types.js";
 
 export interface ChatRenderRequest {
   messages: TemplateMessage[];
@@ -59,7 +61,7 @@ export function renderChatPrompt(ctx: FrontendContext, req: ChatRenderRequest): 
 
 export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
-  const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize });
+  const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null });
   ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
@@ -77,13 +79,19 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
     chatTemplateKwargs: tools.length > 0 ? { ...req.chatTemplateKwargs, tools } : req.chatTemplateKwargs,
   });
   // The template writes special tokens (BOS included) as text; adding them again would double them.
-  const promptIds = await ctx.tokenizer.encode(prompt, false);
+  let promptIds = await ctx.tokenizer.encode(prompt, false);
   if (promptIds.length === 0) throw badRequest("the rendered chat prompt is empty", "messages");
+  let media: PromptMedia | null = null;
+  if (ctx.vision !== null) {
+    const images = await loadImages(req.images, ctx.media);
+    ({ promptIds, media } = expandImageTokens(promptIds, ctx.vision, req.images, images));
+  }
   const answer = new ChatAnswer(ctx, req, prompt);
   const genReq = answer.generationRequest;
   const id = newRequestId("chatcmpl");
   const specs = buildChoices(ctx, id, [promptIds], genReq, arrivalMs);
   if (grammar !== null) attachGrammar(specs, { spec: grammar.spec, reasoning: answer.grammarReasoning() });
+  if (media !== null) for (const spec of specs) spec.request.media = media;
   const created = unixSeconds();
   const model = ctx.servedModelName;
 
@@ -127,7 +135,8 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
       },
       usage: (usage) => chunk([], {}, usage),
     };
-    streamGeneration(ctx, specs, genReq, format, reply);
+    // With images, headers wait for the worker to have decoded them (a bad image is a 400, not a failed stream).
+    streamGeneration(ctx, specs, genReq, format, reply, undefined, media !== null && media.images.length > 0);
     return reply;
   }
 

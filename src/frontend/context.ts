@@ -10,6 +10,7 @@ import type { EngineHandle } from "../engine/types.js";
 import type { GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
+import type { MediaOptions, VisionPrompt } from "./media.js";
 
 export interface FrontendContext {
   engine: EngineHandle;
@@ -32,6 +33,10 @@ export interface FrontendContext {
   enableAutoToolChoice: boolean;
   /** The grammar engine for structured output; null: such requests get a 400. */
   grammars: GrammarCompiling | null;
+  /** How images sit in the model's prompts; null: a model without vision (image parts are a 400). */
+  vision: VisionPrompt | null;
+  /** What image parts may load. */
+  media: MediaOptions;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
   /** A request carried fields this route ignores (logged once per field name). */

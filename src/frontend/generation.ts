@@ -152,7 +152,8 @@ export class Generation {
     if (this.closed) return;
     if (output.finishReason === "error") {
       this.engineDone = true;
-      this.fail(serverError(output.error ?? "the engine failed while generating"));
+      const message = output.error ?? "the engine failed while generating";
+      this.fail(output.errorStatus === 400 ? badRequest(message) : output.errorStatus === 503 ? serviceUnavailable(message) : serverError(message));
       return;
     }
     if (output.finishReason === "abort") {

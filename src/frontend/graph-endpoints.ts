@@ -1,5 +1,7 @@
 // Endpoints of models whose outputs are not (only) text: POST /v1/audio/speech
-// (OpenAI's, streamed as it is decoded) and M*'s multipart form of POST
+// (OpenAI's, streamed as it is decoded), POST /v1/images/generations (OpenAI's,
+// b64_json PNGs; each image is one graph request, so the n images of a request
+// and concurrent requests batch together in every node) and M*'s multipart form of POST
 // /generate (NDJSON chunks {modality, data (base64), metadata}, an error as a
 // final {modality: "error"} chunk; or one JSON body when not streaming).
 // Both submit a GraphRequest: the model's process_prompt runs on the worker,
@@ -13,7 +15,9 @@ import { RequestRejectedError } from "../engine/engine-core.js";
 import type { SamplingParams } from "../transport/messages.js";
 import { SPEECH_CONTENT_TYPES, wavHeader } from "./audio-encoding.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
-import { parseSpeechRequest } from "./request-validation.js";
+import { parseImageRequest, parseSpeechRequest } from "./request-validation.js";
+import type { ImageGenerationSpec } from "../config/model-dir.js";
+import { randomInt } from "node:crypto";
 
 /** The engine as these endpoints use it. */
 export interface GraphEngineHandle {
@@ -28,6 +32,8 @@ export interface GraphEndpointsOptions {
   unavailableReason(): string | null;
   /** Time to first audio byte, per request (seconds). */
   onFirstAudio?: (seconds: number) => void;
+  /** An image model's request bounds (config.json image_generation); null: /v1/images/generations answers 400. */
+  imageGeneration?: ImageGenerationSpec | null;
 }
 
 let nextRequestNumber = 0;
@@ -59,12 +65,13 @@ class GraphRun {
   private waiting: ((event: GraphEvent) => void) | null = null;
   private ended = false;
 
+  /** request: the client whose leaving aborts the run (null: the caller watches it). */
   constructor(
     private readonly engine: GraphEngineHandle,
     readonly id: string,
-    request: FastifyRequest,
+    request: FastifyRequest | null,
   ) {
-    request.raw.socket?.once("close", () => this.abort());
+    request?.raw.socket?.once("close", () => this.abort());
   }
 
   start(req: GraphRequest): void {
@@ -147,6 +154,84 @@ export async function handleSpeech(options: GraphEndpointsOptions, request: Fast
     raw.write(event.data);
   }
   raw.end();
+}
+
+// ---- POST /v1/images/generations -------------------------------------------
+
+/** Seeds the server draws for requests without one (randomInt's widest range). */
+const MAX_DRAWN_SEED = 2 ** 48 - 1;
+
+/**
+ * POST /v1/images/generations: n graph requests (image i gets the request's
+ * seed and index i, which pick its noise), answered together once every
+ * image is done. Usage counts the prompt ids the text encoder read as input
+ * tokens and the latent positions of the images as output (image) tokens.
+ */
+export async function handleImageGeneration(options: GraphEndpointsOptions, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  const unavailable = options.unavailableReason();
+  if (unavailable !== null) throw serviceUnavailable(unavailable);
+  const spec = options.imageGeneration ?? null;
+  if (spec === null || !options.outputModalities.includes("image")) {
+    throw badRequest(`this model does not generate images (it produces ${options.outputModalities.join(", ") || "nothing"}); /v1/images/generations needs an image model`);
+  }
+  const body = parseImageRequest(request.body, spec);
+  const seed = body.seed ?? randomInt(MAX_DRAWN_SEED);
+  const base = `image-${++nextRequestNumber}`;
+  const created = Math.floor(Date.now() / 1000);
+  const arrivalMs = performance.now();
+  const runs: GraphRun[] = [];
+  const abortAll = (): void => runs.forEach((run) => run.abort());
+  request.raw.socket?.once("close", abortAll);
+  try {
+    for (let index = 0; index < body.n; index++) {
+      const run = new GraphRun(options.engine, `${base}-${index}`, null);
+      runs.push(run);
+      run.start({
+        id: run.id,
+        prompt: { text: body.prompt, inputModalities: ["text"], outputModalities: ["image"] },
+        modelKwargs: { size: body.size, seed, index, num_inference_steps: body.numInferenceSteps },
+        sampling: samplingOf(0, seed),
+        maxTokens: null,
+        priority: 0,
+        arrivalMs,
+      });
+    }
+    const images = await Promise.all(runs.map(imageOf));
+    const inputTokens = Math.min(Buffer.byteLength(body.prompt, "utf8") + 1, spec.maxPromptTokens);
+    const [width, height] = body.size.split("x").map(Number) as [number, number];
+    const outputTokens = body.n * (width / spec.latentDownsampling) * (height / spec.latentDownsampling);
+    return reply.header("x-request-id", base).send({
+      created,
+      data: images.map((png) => ({ b64_json: png.toString("base64") })),
+      background: "opaque",
+      output_format: "png",
+      size: body.size,
+      usage: {
+        input_tokens: inputTokens,
+        input_tokens_details: { text_tokens: inputTokens, image_tokens: 0 },
+        output_tokens: outputTokens,
+        total_tokens: inputTokens + outputTokens,
+      },
+    });
+  } catch (error) {
+    abortAll();
+    throw error;
+  } finally {
+    request.raw.socket?.off("close", abortAll);
+  }
+}
+
+/** The one PNG a graph request for an image produces. */
+async function imageOf(run: GraphRun): Promise<Buffer> {
+  let png: Buffer | null = null;
+  for (;;) {
+    const event = await run.next();
+    if (event.kind === "error") throw errorOf(event);
+    if (event.kind === "done") break;
+    if (event.modality === "image") png = Buffer.from(event.data);
+  }
+  if (png === null) throw serverError(`request ${run.id} ended without an image`);
+  return png;
 }
 
 // ---- POST /generate, multipart (M*'s form) ---------------------------------

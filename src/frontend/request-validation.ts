@@ -7,8 +7,9 @@
 // Baton does not implement are refused when they would change the output.
 
 import { z } from "zod";
-import { ChatTemplateError, normalizeMessages, type TemplateMessage } from "../text/chat-template.js";
+import { ChatTemplateError, normalizeMessages, type ImagePart, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
+import type { ImageGenerationSpec } from "../config/model-dir.js";
 import { badRequest, type ApiError } from "./openai-error.js";
 import { parseStructuredOutput, type RequestedGrammar } from "./structured-request.js";
 import { parseToolRequest, type ToolRequest } from "./tool-request.js";
@@ -16,6 +17,8 @@ import { parseToolRequest, type ToolRequest } from "./tool-request.js";
 export interface ValidationLimits {
   /** Token ids must be below this (the model's vocabulary size). */
   vocabSize: number;
+  /** The model's image placeholder text (a vision-language model); absent or null: image parts are a 400. */
+  imageToken?: string | null;
 }
 
 /** The message roles of OpenAI's chat API (vLLM accepts the same). */
@@ -77,6 +80,8 @@ export interface CompletionRequest extends SamplingRequest {
 
 export interface ChatRequest extends SamplingRequest {
   messages: TemplateMessage[];
+  /** image_url parts in prompt order; each left its model's placeholder in its message's content. */
+  images: ImagePart[];
   addGenerationPrompt: boolean;
   continueFinalMessage: boolean;
   chatTemplateKwargs: Record<string, unknown>;
@@ -386,8 +391,9 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
   if (topLogprobs > 0 && !wantsLogprobs) throw badRequest("top_logprobs requires logprobs to be true", "top_logprobs");
   const sampling = parseSampling(body, limits, maxTokens, useCompletionTokens ? "max_completion_tokens" : "max_tokens", wantsLogprobs ? topLogprobs : -1, unknownKeys(chatSchema, raw));
   let messages: TemplateMessage[];
+  const images: ImagePart[] = [];
   try {
-    messages = normalizeMessages(body.messages);
+    messages = normalizeMessages(body.messages, limits.imageToken != null ? { placeholder: limits.imageToken, found: images } : null);
   } catch (error) {
     if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
     throw error;
@@ -409,6 +415,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     ...sampling,
     promptLogprobs: body.prompt_logprobs ?? -1,
     messages,
+    images,
     addGenerationPrompt,
     continueFinalMessage,
     chatTemplateKwargs: body.chat_template_kwargs ?? {},
@@ -488,4 +495,60 @@ export function parseSpeechRequest(raw: unknown): SpeechRequest {
     seed: body.seed ?? null,
     maxTokens: body.max_tokens ?? null,
   };
+}
+
+// ---- /v1/images/generations -----------------------------------------------
+
+/** OpenAI's limit on the prompt of one image request (dall-e-3's). */
+export const MAX_IMAGE_PROMPT_CHARS = 4000;
+
+export interface ImageRequest {
+  model: string | null;
+  prompt: string;
+  n: number;
+  /** One of the model's sizes, "WxH". */
+  size: string;
+  /** null: the server draws one. */
+  seed: number | null;
+  numInferenceSteps: number;
+}
+
+const imageSchema = z.object({
+  model: opt(z.string()),
+  prompt: z.string().min(1, "a non-empty string").max(MAX_IMAGE_PROMPT_CHARS, `at most ${MAX_IMAGE_PROMPT_CHARS} characters`),
+  n: opt(int()),
+  size: opt(z.string()),
+  response_format: opt(z.string()),
+  output_format: opt(z.string()),
+  stream: opt(z.boolean()),
+  user: opt(z.string()),
+  seed: opt(int().min(Number.MIN_SAFE_INTEGER, "a safe integer").max(Number.MAX_SAFE_INTEGER, "a safe integer")),
+  num_inference_steps: opt(int()),
+});
+
+/**
+ * OpenAI's image request plus Baton's `seed` and `num_inference_steps`,
+ * checked against the model's own bounds (its config.json image_generation).
+ * Only b64_json PNGs are served: `url` responses, other formats and streaming
+ * are refused by name.
+ */
+export function parseImageRequest(raw: unknown, spec: ImageGenerationSpec): ImageRequest {
+  const body = parseWith(imageSchema, raw);
+  const n = body.n ?? 1;
+  if (n < 1 || n > spec.maxN) throw badRequest(`n must be between 1 and ${spec.maxN}, got ${n}`, "n");
+  const size = body.size ?? spec.defaultSize;
+  if (!spec.sizes.includes(size)) throw badRequest(`size ${JSON.stringify(size)} is not supported by this model (supported: ${spec.sizes.join(", ")})`, "size");
+  const format = body.response_format ?? "b64_json";
+  if (format !== "b64_json") {
+    throw badRequest(`response_format ${JSON.stringify(format)} is not supported: only b64_json is served (this server keeps no image URLs)`, "response_format");
+  }
+  if (body.output_format != null && body.output_format !== "png") {
+    throw badRequest(`output_format ${JSON.stringify(body.output_format)} is not supported (only png)`, "output_format");
+  }
+  if (body.stream === true) throw badRequest("streaming image generation is not supported", "stream");
+  const steps = body.num_inference_steps ?? spec.defaultInferenceSteps;
+  if (steps < 1 || steps > spec.maxInferenceSteps) {
+    throw badRequest(`num_inference_steps must be between 1 and ${spec.maxInferenceSteps}, got ${steps}`, "num_inference_steps");
+  }
+  return { model: body.model ?? null, prompt: body.prompt, n, size, seed: body.seed ?? null, numInferenceSteps: steps };
 }

@@ -210,7 +210,12 @@ export interface StreamWriter {
   done(): void;
 }
 
-/** Streams the generations; the reply is hijacked and (with SSE) ends with `data: [DONE]`. */
+/**
+ * Streams the generations; the reply is hijacked and (with SSE) ends with `data: [DONE]`.
+ * holdHeaders: nothing is sent before the first output or error, so a request
+ * refused while its input is prepared (an image that does not decode) gets a
+ * plain 4xx instead of a 200 stream that then fails.
+ */
 export function streamGeneration(
   ctx: FrontendContext,
   specs: readonly ChoiceSpec[],
@@ -218,10 +223,22 @@ export function streamGeneration(
   format: StreamFormat,
   reply: FastifyReply,
   makeWriter: (res: FastifyReply["raw"]) => StreamWriter = (res) => new SseStream(res),
+  holdHeaders = false,
 ): void {
   reply.hijack();
-  const sse = makeWriter(reply.raw);
-  for (const chunk of format.opening()) sse.send(chunk);
+  let opened: StreamWriter | null = null;
+  const open = (): StreamWriter => {
+    if (opened !== null) return opened;
+    opened = makeWriter(reply.raw);
+    for (const chunk of format.opening()) opened.send(chunk);
+    return opened;
+  };
+  const sse: StreamWriter = {
+    send: (chunk) => open().send(chunk),
+    sendError: (body) => open().sendError(body),
+    done: () => open().done(),
+  };
+  if (!holdHeaders) open();
   let remaining = specs.length;
   let ended = false;
   const generations: Generation[] = [];
@@ -260,6 +277,11 @@ export function streamGeneration(
         if (ended) return;
         ended = true;
         for (const g of generations) g.cancel();
+        if (opened === null && !reply.raw.headersSent) {
+          reply.raw.writeHead(error.status, { "content-type": "application/json; charset=utf-8" });
+          reply.raw.end(JSON.stringify(error.toBody()));
+          return;
+        }
         sse.sendError(error.toBody());
         sse.done();
       },

@@ -24,8 +24,9 @@ import type { BatonMetrics } from "../observability/metrics.js";
 import { observeEngine } from "../observability/observed-engine.js";
 import multipart from "@fastify/multipart";
 import { registerDashboard } from "./dashboard/routes.js";
-import { handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
+import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
+import { NO_MEDIA_ALLOWED, type MediaOptions, type VisionPrompt } from "./media.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
@@ -61,8 +62,12 @@ export interface ServerOptions {
   enableAutoToolChoice?: boolean;
   /** The grammar engine (structured output); absent: structured output requests get a 400. */
   grammars?: GrammarCompiling | null;
-  /** A graph of models with non-text outputs: /v1/audio/speech and multipart /generate. */
+  /** A graph of models with non-text outputs: /v1/audio/speech, /v1/images/generations and multipart /generate. */
   graph?: Omit<GraphEndpointsOptions, "unavailableReason"> | null;
+  /** A vision-language model's image placement; null/undefined: image parts are a 400. */
+  vision?: VisionPrompt | null;
+  /** What image parts may load (default: data: URLs only, 20 MiB each). */
+  media?: MediaOptions;
   /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
   dashboard?: DashboardSource | null;
 }
@@ -124,6 +129,8 @@ export function buildServer(options: ServerOptions): BatonServer {
     toolCallParser: options.toolCallParser ?? null,
     enableAutoToolChoice: options.enableAutoToolChoice ?? false,
     grammars: options.grammars ?? null,
+    vision: options.vision ?? null,
+    media: options.media ?? NO_MEDIA_ALLOWED,
     noteIgnoredFields(route, names) {
       // Ignored like vLLM does, but said once per field name so a client's typo is visible without flooding the log.
       for (const name of names) {
@@ -226,7 +233,8 @@ export function buildServer(options: ServerOptions): BatonServer {
   const textContext = (): FrontendContext => {
     if (ctx !== null) return ctx;
     const produces = graph?.outputModalities.join(", ") || "no text";
-    throw badRequest(`model ${options.servedModelName} does not produce text (it produces ${produces}); use /v1/audio/speech or the multipart form of /generate`);
+    const route = graph?.outputModalities.includes("image") ? "/v1/images/generations" : "/v1/audio/speech";
+    throw badRequest(`model ${options.servedModelName} does not produce text (it produces ${produces}); use ${route} or the multipart form of /generate`);
   };
   app.post("/v1/completions", (request, reply) => handleCompletion(textContext(), request, reply));
   app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(textContext(), request, reply));
@@ -244,6 +252,10 @@ export function buildServer(options: ServerOptions): BatonServer {
   app.post("/v1/audio/speech", (request, reply) => {
     if (graph === null) throw badRequest(`model ${options.servedModelName} does not produce audio; /v1/audio/speech needs a speech model`);
     return handleSpeech(graph, request, reply);
+  });
+  app.post("/v1/images/generations", (request, reply) => {
+    if (graph === null) throw badRequest(`model ${options.servedModelName} does not generate images; /v1/images/generations needs an image model`);
+    return handleImageGeneration(graph, request, reply);
   });
   if (options.dashboard) registerDashboard(app, options.dashboard, { apiKeyRequired: Boolean(options.apiKey) });
 

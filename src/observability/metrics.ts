@@ -18,6 +18,7 @@ import type { EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import { LiveRequestStats } from "./live-stats.js";
 import type { RequestTiming } from "../engine/types.js";
+import type { WorkerHealthEvent } from "../engine-host/types.js";
 
 /** What the metrics read from the engine at scrape time (EngineCore satisfies it). */
 export interface EngineStatsSource {
@@ -61,6 +62,8 @@ export function oneTwoFiveBuckets(max: number): number[] {
     }
   }
 }
+/** Passes one forward of a stateless node ran (requests batched). */
+const NODE_BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256];
 /** Engine step phases run from microseconds (schedule) to seconds (a long prefill). */
 const STEP_PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0];
 
@@ -70,7 +73,7 @@ const PHASES = ["schedule", "build", "worker", "process"] as const;
 export interface NodeStatsSource {
   nodeStats(): readonly { node: string; queueDepth: number }[];
   /** Stateless batches' round trips since the last call. */
-  takeNodeSteps(): readonly { node: string; seconds: number }[];
+  takeNodeSteps(): readonly { node: string; seconds: number; passes: number }[];
   /** Tensors held on workers that the control plane still refers to. */
   readonly heldTensors: number;
 }
@@ -202,6 +205,14 @@ export class BatonMetrics implements RequestRecorder {
       });
       for (const labels of engineLabels) c.inc(labels, 0);
     };
+    // Worker deaths and restarts, per engine: counted from the supervisors' health events.
+    const workerEvents = (name: string, help: string) => {
+      const c = new Counter({ name, help, labelNames: engineLabelNames, registers });
+      for (const labels of engineLabels) c.inc(labels, 0);
+      return (replica: number) => c.inc(engineLabels[replica] ?? (engineLabels[0] as Record<string, string>), 1);
+    };
+    this.workerDeaths = workerEvents("baton:worker_deaths_total", "Model worker deaths (any signal or exit code, or killed as hung by the step watchdog).");
+    this.workerRestarts = workerEvents("baton:worker_restarts_total", "Model workers restarted and serving again after a death.");
     counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", (s) => s.numPrefixQueryTokens);
     counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", (s) => s.numPrefixHitTokens);
     counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", (s) => s.numPreemptions);
@@ -283,15 +294,26 @@ export class BatonMetrics implements RequestRecorder {
     }).labels(model);
     const nodes = options.nodes;
     if (nodes !== undefined) {
+      // Registered first: its collect drains the samples both node histograms observe.
+      const nodeBatch = new Histogram({
+        name: "baton:node_batch_size",
+        help: "Passes one forward of a stateless graph node ran (requests batched into one batch), by node.",
+        labelNames: ["model_name", "node"] as const,
+        buckets: NODE_BATCH_BUCKETS,
+        registers,
+        collect() {
+          for (const s of nodes.takeNodeSteps()) {
+            nodeBatch.observe({ ...model, node: s.node }, s.passes);
+            nodeStep.observe({ ...model, node: s.node }, s.seconds);
+          }
+        },
+      });
       const nodeStep = new Histogram({
         name: "baton:node_step_seconds",
         help: "Round trip of one batch of a stateless graph node (the worker step that ran it), by node.",
         labelNames: ["model_name", "node"] as const,
         buckets: STEP_PHASE_BUCKETS,
         registers,
-        collect() {
-          for (const s of nodes.takeNodeSteps()) nodeStep.observe({ ...model, node: s.node }, s.seconds);
-        },
       });
       new Gauge({
         name: "baton:graph_tensors_held",
@@ -315,8 +337,16 @@ export class BatonMetrics implements RequestRecorder {
   }
 
   private readonly firstAudio;
+  private readonly workerDeaths: (replica: number) => void;
+  private readonly workerRestarts: (replica: number) => void;
 
   /** A speech request's first audio bytes left after this long. */
+  /** A supervisor's health event: a death ("down") or a restarted worker serving again ("up"). */
+  observeWorkerEvent(event: WorkerHealthEvent): void {
+    if (event.kind === "down" || event.kind === "gave-up") this.workerDeaths(event.replica ?? 0);
+    else if (event.kind === "up") this.workerRestarts(event.replica ?? 0);
+  }
+
   observeFirstAudio(seconds: number): void {
     this.firstAudio.observe(seconds);
   }

@@ -16,11 +16,31 @@ export class ChatTemplateError extends Error {
   }
 }
 
-/** A message as the template sees it: content is always a string. */
+/** A content part as a template that loops over content sees it (transformers' processors' form). */
+export type TemplatePart = { type: "text"; text: string } | { type: "image" };
+
+/** The message's content parts, in order, kept beside the joined string for "openai"-format templates (a symbol: templates never see it). */
+export const CONTENT_PARTS: unique symbol = Symbol("content parts");
+
+/** A message as the template sees it: content is a string ("string" format) or its parts ("openai" format). */
 export interface TemplateMessage {
   role: string;
   content: string;
+  [CONTENT_PARTS]?: TemplatePart[];
   [key: string]: unknown;
+}
+
+/**
+ * How a template reads message content, as vLLM's --chat-template-content-format
+ * detects it: "openai" when it loops over a message's content (vision models'
+ * templates emit their image token per {"type": "image"} part), else "string".
+ */
+export type ContentFormat = "string" | "openai";
+
+const CONTENT_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content)(?![\w.[])/;
+
+export function detectContentFormat(source: string): ContentFormat {
+  return CONTENT_LOOP.test(source) ? "openai" : "string";
 }
 
 export interface RenderOptions {
@@ -34,15 +54,31 @@ export interface SpecialTokens {
   eosToken: string | null;
 }
 
-type ContentPart = { type?: unknown; text?: unknown };
+type ContentPart = { type?: unknown; text?: unknown; image_url?: unknown };
+
+/** An image_url content part: where it is in the request and its URL. */
+export interface ImagePart {
+  param: string;
+  url: string;
+}
+
+/** How image parts become text: the model's image placeholder, and where the parts found go. */
+export interface ImageCollector {
+  placeholder: string;
+  found: ImagePart[];
+}
 
 /**
  * OpenAI content is a string, null (assistant turns with tool calls), or a list
  * of parts. Text parts are joined with "\n" (vLLM's "string" content format);
- * other part types need a multimodal model and are refused.
+ * an image_url part becomes the model's image placeholder (`images`) in its
+ * place, and is refused for a model without one; other part types are refused.
  */
-export function normalizeContent(content: unknown, param: string): string {
-  if (typeof content === "string") return content;
+export function normalizeContent(content: unknown, param: string, images: ImageCollector | null = null, parts: TemplatePart[] = []): string {
+  if (typeof content === "string") {
+    parts.push({ type: "text", text: content });
+    return content;
+  }
   if (content === null || content === undefined) return "";
   if (!Array.isArray(content)) throw new ChatTemplateError(`${param} must be a string or a list of content parts`, param);
   const texts: string[] = [];
@@ -50,21 +86,33 @@ export function normalizeContent(content: unknown, param: string): string {
     const where = `${param}[${i}]`;
     if (typeof part === "string") {
       texts.push(part);
+      parts.push({ type: "text", text: part });
       return;
     }
     if (typeof part !== "object" || part === null) throw new ChatTemplateError(`${where} must be a content part object`, where);
     const { type, text } = part as ContentPart;
+    if (type === "image_url") {
+      if (images === null) throw new ChatTemplateError(`${where}: this model does not take images`, where);
+      const value = (part as ContentPart).image_url;
+      const url = typeof value === "string" ? value : typeof value === "object" && value !== null ? (value as { url?: unknown }).url : undefined;
+      if (typeof url !== "string" || url === "") throw new ChatTemplateError(`${where}.image_url.url must be a non-empty string`, where);
+      images.found.push({ param: where, url });
+      texts.push(images.placeholder);
+      parts.push({ type: "image" });
+      return;
+    }
     if (type !== "text") {
       throw new ChatTemplateError(`${where}: content part type ${JSON.stringify(type)} is not supported (only "text")`, where);
     }
     if (typeof text !== "string") throw new ChatTemplateError(`${where}.text must be a string`, where);
     texts.push(text);
+    parts.push({ type: "text", text });
   });
   return texts.join("\n");
 }
 
 /** Validates OpenAI chat messages and normalizes their content to strings. */
-export function normalizeMessages(messages: unknown): TemplateMessage[] {
+export function normalizeMessages(messages: unknown, images: ImageCollector | null = null): TemplateMessage[] {
   if (!Array.isArray(messages)) throw new ChatTemplateError("messages must be a list of messages", "messages");
   if (messages.length === 0) throw new ChatTemplateError("messages must not be empty", "messages");
   return messages.map((message: unknown, i) => {
@@ -76,12 +124,15 @@ export function normalizeMessages(messages: unknown): TemplateMessage[] {
     if (typeof record.role !== "string" || record.role === "") {
       throw new ChatTemplateError(`${where}.role must be a non-empty string`, `${where}.role`);
     }
-    return { ...record, role: record.role, content: normalizeContent(record.content, `${where}.content`) };
+    const parts: TemplatePart[] = [];
+    const content = normalizeContent(record.content, `${where}.content`, images, parts);
+    return { ...record, role: record.role, content, [CONTENT_PARTS]: parts };
   });
 }
 
 export class ChatTemplate {
   private readonly template: Template;
+  readonly contentFormat: ContentFormat;
 
   /** Throws ChatTemplateError when the template does not parse. */
   constructor(
@@ -93,13 +144,14 @@ export class ChatTemplate {
     } catch (error) {
       throw new ChatTemplateError(`the model's chat template cannot be parsed: ${(error as Error).message}`);
     }
+    this.contentFormat = detectContentFormat(source);
   }
 
   render(messages: TemplateMessage[], options: RenderOptions): string {
     try {
       return this.template.render({
         ...options.extra,
-        messages,
+        messages: this.contentFormat === "openai" ? messages.map(withParts) : messages,
         bos_token: this.special.bosToken ?? "",
         eos_token: this.special.eosToken ?? "",
         add_generation_prompt: options.addGenerationPrompt,
@@ -110,6 +162,12 @@ export class ChatTemplate {
       throw new ChatTemplateError(`chat template error: ${(error as Error).message}`, "messages");
     }
   }
+}
+
+/** The message with its content as parts (an "openai"-format template loops over them). */
+function withParts(message: TemplateMessage): Record<string, unknown> {
+  const parts = message[CONTENT_PARTS];
+  return parts === undefined ? message : { ...message, content: parts };
 }
 
 /** The error for a model without a chat template. */

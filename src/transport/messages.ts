@@ -6,7 +6,7 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 5;
+export const PROTOCOL_VERSION = 6;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -29,6 +29,7 @@ export interface SamplingParams {
 
 /**
  * prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
+ * embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
  */
 export interface AddedRequest {
   req_id: number;
@@ -36,6 +37,7 @@ export interface AddedRequest {
   num_prompt_tokens: number;
   sampling: SamplingParams;
   prompt_logprobs: number;
+  embeds: number;
 }
 
 export interface StepTimings {
@@ -245,7 +247,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 5,
+  protocolVersion: 6,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -266,6 +268,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "num_prompt_tokens", type: { kind: "int", nullable: false, text: "int" } },
       { name: "sampling", type: { kind: "struct", struct: "SamplingParams", nullable: false, text: "SamplingParams" } },
       { name: "prompt_logprobs", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "embeds", type: { kind: "int", nullable: false, text: "int" } },
     ],
     StepTimings: [
       { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },

@@ -105,3 +105,37 @@ describe("readModelDir", () => {
     );
   });
 });
+
+describe("readModelDir: an image model's image_generation block", () => {
+  const block = { sizes: ["32x32", "64x64"], default_size: "64x64", default_inference_steps: 4, max_inference_steps: 50, max_n: 10, max_prompt_tokens: 64, latent_downsampling: 8 };
+  const imageDir = (generation: unknown) => modelDir({ "config.json": { architectures: ["BatonDemoImage"], image_generation: generation } }, false);
+
+  test("is read into the bounds /v1/images/generations validates against; other models have none", () => {
+    assert.deepEqual(readModelDir(imageDir(block)).imageGeneration, {
+      sizes: ["32x32", "64x64"],
+      defaultSize: "64x64",
+      defaultInferenceSteps: 4,
+      maxInferenceSteps: 50,
+      maxN: 10,
+      maxPromptTokens: 64,
+      latentDownsampling: 8,
+    });
+    assert.equal(readModelDir(modelDir({ "config.json": CONFIG })).imageGeneration, null);
+  });
+
+  test("a bad block stops start-up naming the field", () => {
+    for (const [change, field] of [
+      [{ sizes: ["big"] }, "sizes"],
+      [{ default_size: "128x128" }, "default_size"],
+      [{ max_n: 0 }, "max_n"],
+      [{ default_inference_steps: 60 }, "default_inference_steps"],
+      [{ latent_downsampling: undefined }, "latent_downsampling"],
+    ] as const) {
+      assert.throws(
+        () => readModelDir(imageDir({ ...block, ...change })),
+        (e: unknown) => e instanceof ModelDirError && e.message.includes(field),
+        field,
+      );
+    }
+  });
+});

@@ -17,11 +17,23 @@ function run(args: string[]) {
 }
 
 describe("parseServeArgs", () => {
+  test("media flags, as vLLM names them", () => {
+    const { options } = parseServeArgs(
+      ["--allowed-media-domains", "Example.com cdn.example.org", "--allowed-media-domains=img.test", "--allowed-local-media-path", "/data/images", "--limit-mm-per-prompt", '{"image": 2}', "--max-image-bytes", "1M"],
+      {},
+    );
+    assert.deepEqual(options.media, { allowedDomains: ["example.com", "cdn.example.org", "img.test"], allowedLocalPath: "/data/images", maxImagesPerPrompt: 2, maxImageBytes: 1024 * 1024 });
+    assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", "2"], {}), /expected a JSON object/);
+    assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"video": 1}'], {}), /modality 'video' is not served/);
+    assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"image": -1}'], {}), /non-negative integer/);
+  });
+
   test("defaults", () => {
     const { help, options } = parseServeArgs([], {});
     assert.equal(help, false);
     assert.deepEqual(options, {
       modelDir: null,
+      media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024 },
       host: "127.0.0.1",
       port: 8000,
       servedModelName: null,

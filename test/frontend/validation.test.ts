@@ -140,7 +140,7 @@ describe("chat completions: 400 for bad parameters", () => {
     ["messages empty", { messages: [] }, /must not be empty/, "messages"],
     ["message without role", { messages: [{ content: "x" }] }, /messages\[0\]\.role/, "messages[0].role"],
     ["content a number", { messages: [{ role: "user", content: 1 }] }, /messages\[0\]\.content/, "messages[0].content"],
-    ["image content", { messages: [{ role: "user", content: [{ type: "image_url" }] }] }, /not supported/, "messages[0].content[0]"],
+    ["image content (a model without vision)", { messages: [{ role: "user", content: [{ type: "image_url" }] }] }, /this model does not take images/, "messages[0].content[0]"],
     ["max_completion_tokens negative", { max_completion_tokens: -1 }, /max_completion_tokens must be at least 1/, "max_completion_tokens"],
     ["chat_template_kwargs a list", { chat_template_kwargs: [] }, /chat_template_kwargs must be an object/, "chat_template_kwargs"],
     ["a tool without a function", { tools: [{ type: "function" }] }, /tools\[0\]\.function must be an object/, "tools[0].function"],
@@ -303,5 +303,13 @@ describe("parameter mapping", () => {
     assert.deepEqual(req.ignoredFields, ["temprature", "extra_thing"]);
     const chat = parseChatRequest({ messages: [{ role: "user", content: "x" }], logprobs: true, top_logprobs: 1, prompt_logprobs: 1 }, { vocabSize: VOCAB });
     assert.deepEqual(chat.ignoredFields, []);
+  });
+});
+
+describe("a text model on the image route", () => {
+  test("/v1/images/generations is a 400 saying the model does not generate images", async () => {
+    const { status, body } = await post("/v1/images/generations", { prompt: "a red fox", n: 1 });
+    assert.equal(status, 400);
+    assert.match(body.error.message, /model test-model does not generate images/);
   });
 });

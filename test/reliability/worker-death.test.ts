@@ -78,6 +78,8 @@ describe("a worker killed under load (request migration on, the default)", () =>
     assertSameAs([await streamCompletion(server.url, prompts[3]!, TOKENS, undefined, seededExtra(3))], [reference[3]!]);
     await waitFor("all KV blocks free", async () => ((await metric(server.url, "baton:kv_free_blocks")) === blocksOf(server) ? true : null), 5_000);
     assert.equal(await metric(server.url, "vllm:num_requests_running"), 0);
+    assert.equal(await metric(server.url, "baton:worker_deaths_total"), 1);
+    assert.equal(await metric(server.url, "baton:worker_restarts_total"), 1);
   });
 
   test("a death during prefill: long prompts are recomputed and complete exactly", async () => {

@@ -75,7 +75,7 @@ describe("message normalization errors", () => {
     ["empty", [], /must not be empty/],
     ["no role", [{ content: "x" }], /messages\[0\]\.role/],
     ["bad content", [{ role: "user", content: 5 }], /messages\[0\]\.content/],
-    ["image part", [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }], /image_url.*not supported/],
+    ["image part", [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }], /content\[0\]: this model does not take images/],
   ];
   for (const [name, messages, pattern] of cases) {
     test(name, () => {
@@ -97,5 +97,42 @@ describe("message normalization errors", () => {
   test("bos_token and eos_token are available to templates", () => {
     const t = new ChatTemplate("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", { bosToken: "<s>", eosToken: "</s>" });
     assert.equal(t.render(normalizeMessages([{ role: "user", content: "hi" }]), { addGenerationPrompt: false }), "<s>hi</s>");
+  });
+});
+
+// llava-hf/llava-1.5-7b-hf's chat template: it loops over each message's content
+// parts and writes its own image token per {"type": "image"} part (vLLM's
+// "openai" content format). Expected string from transformers 5.18's
+// apply_chat_template(messages, chat_template=LLAVA_15, add_generation_prompt=True).
+const LLAVA_15 =
+  "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}";
+
+describe("templates that loop over content parts (openai content format)", () => {
+  test("llava-1.5's template gets image and text parts, as transformers renders it", () => {
+    const llava = new ChatTemplate(LLAVA_15, { bosToken: null, eosToken: null });
+    assert.equal(llava.contentFormat, "openai");
+    const images = { placeholder: "<image>", found: [] };
+    const messages = normalizeMessages(
+      [
+        {
+          role: "user",
+          content: [
+            { type: "text", text: "Compare" },
+            { type: "image_url", image_url: { url: "data:image/png;base64,AA==" } },
+            { type: "text", text: "with" },
+            { type: "image_url", image_url: { url: "data:image/png;base64,AA==" } },
+          ],
+        },
+        { role: "assistant", content: "They differ." },
+        { role: "user", content: [{ type: "text", text: "How?" }] },
+      ],
+      images,
+    );
+    assert.equal(images.found.length, 2);
+    assert.equal(llava.render(messages, { addGenerationPrompt: true }), "USER: <image>\n<image>\nCompare with ASSISTANT: They differ. USER: How? ASSISTANT:");
+  });
+
+  test("a template that does not loop over content keeps string content", () => {
+    assert.equal(template.contentFormat, "string");
   });
 });

@@ -72,7 +72,7 @@ export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParam
 }
 
 export function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
-  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1 };
+  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1, embeds: -1 };
 }
 
 export function step(overrides: Partial<StepMessage> = {}): StepMessage {

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import torch
 
@@ -30,6 +30,21 @@ from .authoring import (
     iter_sections,
 )
 from .streaming import PartitionTopology
+
+
+@dataclass(frozen=True)
+class KvDecoderLayout:
+    """A kv_cache node's decoder inside a composite model directory.
+
+    text_config: the key of config.json with the decoder's config;
+    rename: maps a plain decoder's weight name (model.layers.0...) to the stored one;
+    embeds_token_id: the prompt token whose embeddings AddedRequest.embeds rows
+    replace (a vision-language model's image token), or None.
+    """
+
+    text_config: str
+    rename: Callable[[str], str]
+    embeds_token_id: int | None = None
 
 DEFAULT_PARTITION = "default"
 
@@ -163,6 +178,13 @@ class GraphModel:
             f"{type(self).__name__} does not say where kv_cache node {node_name!r} has its weights "
             "(declare get_kv_model_dir())"
         )
+
+    def get_kv_decoder_layout(self, node_name: str) -> KvDecoderLayout | None:
+        """Where a composite directory keeps kv_cache node `node_name`'s decoder
+        (its config under a key of config.json, its weights under a prefix), and
+        the token whose embeddings prompt embeddings replace. Default: None (the
+        directory of get_kv_model_dir is a plain decoder's)."""
+        return None
 
     def get_stop_token_ids(self, node_name: str) -> list[int]:
         """Token ids that end the loop a kv_cache node's pass is in (the engine

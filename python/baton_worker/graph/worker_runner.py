@@ -95,6 +95,9 @@ class GraphStepRunner:
         self.rank = rank
         self.engines = {name: EngineType(kind) for name, kind in nodes.model.get_node_engine_types().items()}
         self.hosted = ([kv_node] if kv_node else []) + list(nodes.submodules)
+        if kv is not None:
+            # Prompt embeddings (AddedRequest.embeds) are tensors of this worker's store.
+            kv.embeds_of = nodes.store.get
         self.arena = arena
         # Prefill/decode disaggregation: moves this worker's KV blocks to and from its peers.
         self.kv_connector = kv_connector

@@ -104,14 +104,9 @@ class TorchDistributedTransport:
         return self._start(_Handle(False, tag, peer, blocks))
 
     def close(self) -> None:
+        """Stops posting. The group itself goes with the process: shutting it down
+        while the peer still holds its end aborts the process in gloo."""
         self._to_post.put(None)
-        group = self._group
-        self._group = None
-        if group is not None:
-            try:
-                group.shutdown()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                pass
 
     # -- internals --------------------------------------------------------------------
 

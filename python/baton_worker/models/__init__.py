@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import importlib
 
+from .demo_image.spec import ARCHITECTURE as DEMO_IMAGE
 from .demo_tts.spec import ARCHITECTURE as DEMO_TTS
 
 GRAPH_ARCHITECTURES: dict[str, str] = {
     DEMO_TTS: "baton_worker.models.demo_tts.graph_model:BatonDemoTTS",
     # Two stateless nodes passing a float tensor: what the placement tests move between workers.
     "BatonTensorRelay": "baton_worker.models.tensor_relay:BatonTensorRelay",
+    DEMO_IMAGE: "baton_worker.models.demo_image.graph_model:BatonDemoImage",
+    # A Hugging Face LLaVA directory: the vision node feeding the LLM's prefill.
+    "LlavaForConditionalGeneration": "baton_worker.models.llava.graph_model:LlavaGraphModel",
 }
 
 

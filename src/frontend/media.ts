@@ -1,0 +1,150 @@
+// Images of a chat request: image_url parts loaded to bytes (data: URLs always;
+// file:// under --allowed-local-media-path; http(s) from --allowed-media-domains),
+// counted and sized against the limits, and the prompt's image placeholders
+// expanded to the model's image tokens. Decoding and preprocessing are the
+// worker's (Pillow): TypeScript only carries bytes and says where they sit.
+
+import { createHash } from "node:crypto";
+import { readFile, realpath, stat } from "node:fs/promises";
+import { sep } from "node:path";
+import { fileURLToPath } from "node:url";
+import type { MediaSpan, PromptMedia } from "../engine/types.js";
+import type { ImagePart } from "../text/chat-template.js";
+import { ApiError, badRequest } from "./openai-error.js";
+
+export interface MediaOptions {
+  /** Hosts whose http(s) URLs may be fetched (lower case); empty: none. */
+  allowedDomains: string[];
+  /** file:// URLs must resolve inside this directory; null: none allowed. */
+  allowedLocalPath: string | null;
+  /** --limit-mm-per-prompt's "image"; null: no limit. */
+  maxImagesPerPrompt: number | null;
+  maxImageBytes: number;
+}
+
+export const DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024;
+
+export const NO_MEDIA_ALLOWED: MediaOptions = { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: DEFAULT_MAX_IMAGE_BYTES };
+
+/** What the served model needs to place images in a prompt. */
+export interface VisionPrompt {
+  /** The placeholder text an image part becomes before tokenization. */
+  imageToken: string;
+  imageTokenId: number;
+  /** Tokens each image expands to (transformers' LlavaProcessor count). */
+  tokensPerImage: number;
+}
+
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/jpg", "image/webp"];
+const FETCH_TIMEOUT_MS = 10_000;
+const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+
+function tooLarge(param: string, bytes: number, options: MediaOptions): ApiError {
+  return new ApiError(413, `${param}: the image has ${bytes} bytes, more than the ${options.maxImageBytes} allowed (--max-image-bytes)`, "invalid_request_error", param);
+}
+
+function fromDataUrl(part: ImagePart, options: MediaOptions): Uint8Array {
+  const { param, url } = part;
+  const comma = url.indexOf(",");
+  if (comma < 0) throw badRequest(`${param}: malformed data: URL (no comma)`, param);
+  const [mime = "", ...attributes] = url.slice("data:".length, comma).split(";");
+  const type = mime.trim().toLowerCase();
+  if (!IMAGE_TYPES.includes(type)) {
+    throw badRequest(`${param}: unsupported media type ${JSON.stringify(type || "text/plain")}; supported: image/png, image/jpeg, image/webp`, param);
+  }
+  if (!attributes.some((a) => a.trim().toLowerCase() === "base64")) throw badRequest(`${param}: a data: URL image must be base64 (data:${type};base64,...)`, param);
+  const payload = url.slice(comma + 1).replace(/\s+/g, "");
+  if (payload.length % 4 !== 0 || !BASE64.test(payload)) throw badRequest(`${param}: the data: URL's payload is not valid base64`, param);
+  // 3 bytes per 4 characters, less the padding: checked before decoding anything.
+  const size = (payload.length / 4) * 3 - (payload.endsWith("==") ? 2 : payload.endsWith("=") ? 1 : 0);
+  if (size > options.maxImageBytes) throw tooLarge(param, size, options);
+  if (size === 0) throw badRequest(`${param}: the image is empty (0 bytes)`, param);
+  return new Uint8Array(Buffer.from(payload, "base64"));
+}
+
+async function fromFile(part: ImagePart, options: MediaOptions): Promise<Uint8Array> {
+  const { param, url } = part;
+  if (options.allowedLocalPath === null) throw badRequest(`${param}: local files are not allowed (start the server with --allowed-local-media-path)`, param);
+  let path: string;
+  let root: string;
+  try {
+    path = await realpath(fileURLToPath(url));
+    root = await realpath(options.allowedLocalPath);
+  } catch (error) {
+    throw badRequest(`${param}: cannot open ${url}: ${(error as Error).message}`, param);
+  }
+  if (path !== root && !path.startsWith(root.endsWith(sep) ? root : root + sep)) {
+    throw badRequest(`${param}: ${url} is outside the allowed local media path`, param);
+  }
+  const info = await stat(path);
+  if (!info.isFile()) throw badRequest(`${param}: ${url} is not a file`, param);
+  if (info.size > options.maxImageBytes) throw tooLarge(param, info.size, options);
+  return new Uint8Array(await readFile(path));
+}
+
+async function fromHttp(part: ImagePart, options: MediaOptions): Promise<Uint8Array> {
+  const { param, url } = part;
+  const host = new URL(url).hostname.toLowerCase();
+  if (!options.allowedDomains.includes(host)) {
+    throw badRequest(`${param}: fetching images from ${JSON.stringify(host)} is not allowed (start the server with --allowed-media-domains)`, param);
+  }
+  let response: Response;
+  try {
+    response = await fetch(url, { signal: AbortSignal.timeout(FETCH_TIMEOUT_MS), redirect: "error" });
+  } catch (error) {
+    throw badRequest(`${param}: cannot fetch ${url}: ${(error as Error).message}`, param);
+  }
+  if (!response.ok) throw badRequest(`${param}: fetching ${url} answered HTTP ${response.status}`, param);
+  const declared = Number(response.headers.get("content-length") ?? "0");
+  if (declared > options.maxImageBytes) throw tooLarge(param, declared, options);
+  const bytes = new Uint8Array(await response.arrayBuffer());
+  if (bytes.length > options.maxImageBytes) throw tooLarge(param, bytes.length, options);
+  return bytes;
+}
+
+/** The bytes of each image part, in order; a 4xx naming the part for anything not allowed or not loadable. */
+export async function loadImages(parts: readonly ImagePart[], options: MediaOptions): Promise<Uint8Array[]> {
+  const limit = options.maxImagesPerPrompt;
+  if (limit !== null && parts.length > limit) {
+    throw badRequest(`at most ${limit} image${limit === 1 ? "" : "s"} may be provided in one prompt (--limit-mm-per-prompt), got ${parts.length}`, "messages");
+  }
+  return Promise.all(
+    parts.map((part) => {
+      const scheme = part.url.slice(0, part.url.indexOf(":") + 1).toLowerCase();
+      if (scheme === "data:") return fromDataUrl(part, options);
+      if (scheme === "file:") return fromFile(part, options);
+      if (scheme === "http:" || scheme === "https:") return fromHttp(part, options);
+      throw badRequest(`${part.param}: unsupported image URL scheme ${JSON.stringify(scheme || part.url.slice(0, 16))}; use data:, http(s): or file:`, part.param);
+    }),
+  );
+}
+
+/** 53-bit hash of an image's bytes (the prefix cache's key for its tokens). */
+export function imageHash(bytes: Uint8Array): number {
+  const digest = createHash("sha256").update(bytes).digest();
+  return (digest.readUInt32LE(4) & 0x1f_ffff) * 0x1_0000_0000 + digest.readUInt32LE(0);
+}
+
+/**
+ * The prompt with each image placeholder token expanded to the image's tokens
+ * (what transformers' LlavaProcessor does to the text), and where each image sits.
+ */
+export function expandImageTokens(promptIds: readonly number[], vision: VisionPrompt, parts: readonly ImagePart[], images: readonly Uint8Array[]): { promptIds: number[]; media: PromptMedia } {
+  const ids: number[] = [];
+  const spans: MediaSpan[] = [];
+  for (const id of promptIds) {
+    if (id !== vision.imageTokenId) {
+      ids.push(id);
+      continue;
+    }
+    const image = images[spans.length];
+    if (image === undefined) break;
+    spans.push({ offset: ids.length, length: vision.tokensPerImage, hash: imageHash(image) });
+    for (let i = 0; i < vision.tokensPerImage; i++) ids.push(id);
+  }
+  const placeholders = promptIds.filter((id) => id === vision.imageTokenId).length;
+  if (placeholders !== images.length) {
+    throw badRequest(`the prompt holds ${placeholders} image placeholders (${JSON.stringify(vision.imageToken)}) for ${images.length} images; the text must not contain the placeholder itself`, "messages");
+  }
+  return { promptIds: ids, media: { spans, images: [...images], params: parts.map((p) => p.param) } };
+}
