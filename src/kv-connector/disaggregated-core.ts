@@ -24,8 +24,9 @@
 //    worker copies a send's blocks out at the start of the step carrying it,
 //    before any later step can reuse them.
 //
-// Requests with max_tokens 1 simply run on the prefill core. Structured
-// output is not served here (the first token is sampled without the mask).
+// Requests with max_tokens 1, and prompts with images (their features live
+// on the prefill worker), simply run on the prefill core. Structured output
+// is not served here (the first token is sampled without the mask).
 
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineCoreOptions, type EngineStats, type KvLoadListener } from "../engine/engine-core.js";
 import type { KvLoad } from "../engine/scheduler.js";
@@ -117,8 +118,9 @@ export class DisaggregatedCore implements KvLoadListener {
   submit(req: EngineRequest, onOutput: OutputCallback): void {
     if (req.grammar != null) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available with prefill/decode disaggregation`);
     if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
-    if (req.stop.maxTokens <= 1) {
-      // Nothing to decode: the prefill side answers it alone.
+    // Nothing to decode, or image features that live on the prefill worker (a failed load could not recompute
+    // them on the decode side): the prefill side serves the request alone.
+    if (req.stop.maxTokens <= 1 || (req.media?.spans.length ?? 0) > 0 || req.embedsHandle !== undefined) {
       this.prefill.submit(req, onOutput);
       return;
     }
