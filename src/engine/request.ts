@@ -76,6 +76,8 @@ export class Request {
   /** Prefill/decode disaggregation: its part in a KV transfer (null: none). */
   readonly kvTransfer: KvTransferParams | null;
   kvLoad: KvLoadState;
+  /** The worker's num_prompt_tokens: what its penalties and seeded draws count outputs from. */
+  readonly numWorkerPromptTokens: number;
   /** The transfer loading its KV while kvLoad is "loading". */
   kvTransferId = -1;
 
@@ -94,6 +96,8 @@ export class Request {
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();
     this.kvTransfer = req.kvTransfer ?? null;
+    // A consumer's last "prompt" token was sampled on the prefill side: to the worker it is an output token.
+    this.numWorkerPromptTokens = this.kvTransfer?.role === "consumer" ? Math.min(this.kvTransfer.numTokens, this.numPromptTokens) : this.numPromptTokens;
     this.kvLoad = this.kvTransfer?.role === "consumer" ? "pending" : "none";
   }
 

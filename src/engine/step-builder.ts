@@ -76,7 +76,7 @@ function addedRequest(request: Request): AddedRequest {
   return {
     req_id: request.wireId,
     token_ids: Int32Array.from(request.tokenIds),
-    num_prompt_tokens: request.numPromptTokens,
+    num_prompt_tokens: request.numWorkerPromptTokens,
     sampling: request.sampling,
     prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
     embeds: request.embeds,

@@ -197,7 +197,8 @@ export class DisaggregatedCore implements KvLoadListener {
     const decodeRequest: EngineRequest = {
       id: req.id,
       promptIds: [...req.promptIds, firstToken],
-      sampling: { ...req.sampling, min_tokens: Math.max(0, req.sampling.min_tokens - 1) },
+      // The worker counts the first token as an output (Request.numWorkerPromptTokens): sampling goes as it is.
+      sampling: req.sampling,
       stop: { ...req.stop, maxTokens: req.stop.maxTokens - 1, minTokens: Math.max(0, req.stop.minTokens - 1) },
       priority: req.priority,
       arrivalMs: req.arrivalMs,

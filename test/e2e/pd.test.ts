@@ -89,6 +89,10 @@ describe("prefill/decode disaggregation (--deployment examples/pd.yaml)", { time
     const bytes = (await metric(pd!.url, "baton:kv_transfer_bytes_total")) ?? 0;
     assert.ok(bytes > 0, `transferred ${bytes} bytes`);
     console.log(`PD: ${bytes} KV bytes transferred for 8 prompts of 12..75 tokens`);
+    // Seeded sampling too: the decode side draws from the output positions the first token left off at.
+    const seeded = { temperature: 0.9, seed: 11, ignore_eos: true };
+    const sampled = async (url: string) => (await Promise.all(prompts.slice(0, 3).map((p) => streamCompletion(url, p, 12, { tokens: 0 }, seeded)))).map((r) => r.tokenIds);
+    assert.deepEqual(await sampled(pd!.url), await sampled(single!.url));
     // The same prompts again: the prefill side serves them from its prefix cache, same tokens.
     assert.deepEqual(await greedy(pd!.url, prompts, 16), expected);
     assert.ok(((await metric(pd!.url, "vllm:prefix_cache_hits_total")) ?? 0) > 0);
