@@ -41,6 +41,7 @@ from .graph.model import GraphModel, KvDecoderLayout
 from .graph.node_runner import NodeRunner, TensorStore
 from .graph.worker_runner import GraphStepRunner
 from .kv_cache import KVCache, bytes_per_block
+from .kv_connector import KvConnectorWorker, TorchDistributedTransport
 from .loader import WeightReader, stderr_progress
 from .model import DecoderModel
 from .models import graph_model_class
@@ -144,6 +145,7 @@ class _Decoder:
     max_model_len: int
     dtype: torch.dtype
     device: torch.device
+    cache: KVCache | None  # None: dummy-null (no forward, no cache)
 
 
 def _load_decoder(
@@ -182,7 +184,20 @@ def _load_decoder(
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     if isinstance(attention, FlexBackend) and device.type == "cuda" and tp is None:
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
-    return _Decoder(runner, config, num_blocks, max_model_len, dtype, device)
+    return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
+
+
+def _kv_connector(opts: WorkerOptions, cache: KVCache | None) -> KvConnectorWorker | None:
+    """The KV connector's worker half, when the deployment gives a rendezvous and this worker has a KV cache."""
+    if opts.kv_transfer is None or cache is None:
+        return None
+    backend = "nccl" if cache.layers[0].device.type == "cuda" else "gloo"
+    transport = TorchDistributedTransport(opts.kv_transfer, opts.kv_transfer_world, opts.rank, backend)
+    # Test-only: BATON_TEST_KV_LOAD_FAIL=1,3 fails this worker's first and third KV loads (after their bytes arrive).
+    fail = os.environ.get("BATON_TEST_KV_LOAD_FAIL", "")
+    ordinals = frozenset(int(x) for x in fail.split(",") if x.strip().isdigit())
+    timeout = float(os.environ.get("BATON_KV_LOAD_TIMEOUT_S", "30"))
+    return KvConnectorWorker(cache, transport, load_timeout_s=timeout, fail_load_ordinals=ordinals)
 
 
 def _config_architecture(model_dir: Path) -> str | None:
@@ -276,7 +291,8 @@ def load_worker(
     stateless = [n for n in hosted if n != kv_node]
     nodes = NodeRunner(model, device, stateless, TensorStore())
     arena = ShmArena(opts.shm_bytes) if opts.shm_bytes > 0 else None
-    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node, opts.rank, arena)
+    connector = _kv_connector(opts, decoder.cache if decoder else None)
+    graph_runner = GraphStepRunner(nodes, decoder.runner if decoder else None, kv_node, opts.rank, arena, connector)
     if decoder is not None:
         sizes = (decoder.num_blocks, decoder.max_model_len, decoder.config.vocab_size, decoder.dtype)
     else:

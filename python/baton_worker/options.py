@@ -69,6 +69,9 @@ class WorkerOptions:
     tp_rank: int = 0  # this process's rank in the tensor-parallel group (0: the one the engine talks to)
     tp_store: str | None = None  # HOST:PORT of rank 0's TCPStore (ranks above 0 only)
     distributed_executor_backend: str = "mp"
+    # KV connector: the torch.distributed rendezvous HOST:PORT of the deployment's workers, and their number.
+    kv_transfer: str | None = None
+    kv_transfer_world: int = 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +102,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-rank", type=int, default=0)
     p.add_argument("--tp-store")
     p.add_argument("--distributed-executor-backend", default="mp")
+    p.add_argument("--kv-transfer", help="HOST:PORT: KV transfer rendezvous (prefill/decode disaggregation)")
+    p.add_argument("--kv-transfer-world", type=int, default=0, help="workers in the KV transfer group")
     return p
 
 
@@ -129,6 +134,8 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         raise OptionsError("--tp-store is given to, and only to, tensor-parallel ranks above 0")
     if args.shm_bytes < 0:
         raise OptionsError(f"--shm-bytes must be >= 0, got {args.shm_bytes}")
+    if args.kv_transfer is not None and args.kv_transfer_world <= args.rank:
+        raise OptionsError(f"--kv-transfer-world must be more than --rank {args.rank}, got {args.kv_transfer_world}")
     if args.nodes is not None:
         args.nodes = _node_list(args.nodes)
     if args.model_kwargs is not None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 
 
 @dataclass
@@ -132,6 +132,15 @@ class ClientChunk:
 
 
 @dataclass
+class KvTransfer:
+    transfer_id: int
+    request_id: str
+    peer_rank: int
+    block_ids: np.ndarray
+    num_tokens: int
+
+
+@dataclass
 class PassResult:
     pass_id: int
     error: str | None = None
@@ -160,7 +169,9 @@ class Step:
 
     Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
 
-    mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made)."""
+    mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
+
+    KV connector (prefill/decode disaggregation): kv_sends (prefill worker) and kv_loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv_cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs."""
 
     step_id: int
     added: list[AddedRequest]
@@ -176,6 +187,9 @@ class Step:
     releases: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     finished_requests: list[str] = dataclasses.field(default_factory=lambda: [])
     mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    kv_sends: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
+    kv_loads: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
+    kv_cancels: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
 
 @dataclass
@@ -243,6 +257,10 @@ class StepResult:
     prompt_ranks: np.ndarray | None = None
     prompt_top_ids: np.ndarray | None = None
     prompt_top_logprobs: np.ndarray | None = None
+    kv_loaded: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    kv_load_failed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    kv_load_errors: list[str] = dataclasses.field(default_factory=lambda: [])
+    kv_bytes: int = 0
 
 
 @dataclass
@@ -257,7 +275,7 @@ class Fatal:
     message: str
 
 
-STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "PassResult": PassResult}
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult}
 MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
@@ -344,6 +362,13 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("data", "u8[]", False, None),
         ("metadata", "any", False, None),
     ),
+    "KvTransfer": (
+        ("transfer_id", "int", False, None),
+        ("request_id", "str", False, None),
+        ("peer_rank", "int", False, None),
+        ("block_ids", "i32[]", False, None),
+        ("num_tokens", "int", False, None),
+    ),
     "PassResult": (
         ("pass_id", "int", False, None),
         ("error", "str", True, None),
@@ -372,6 +397,9 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("releases", "i32[]", False, None),
             ("finished_requests", "str[]", False, None),
             ("mask_rows", "i32[]", False, None),
+            ("kv_sends", "struct[]", False, "KvTransfer"),
+            ("kv_loads", "struct[]", False, "KvTransfer"),
+            ("kv_cancels", "i32[]", False, None),
         ),
     ),
     "StepMask": (
@@ -429,6 +457,10 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("prompt_ranks", "i32[]", True, None),
             ("prompt_top_ids", "i32[]", True, None),
             ("prompt_top_logprobs", "f32[]", True, None),
+            ("kv_loaded", "i32[]", False, None),
+            ("kv_load_failed", "i32[]", False, None),
+            ("kv_load_errors", "str[]", False, None),
+            ("kv_bytes", "int", False, None),
         ),
     ),
     "Pong": (

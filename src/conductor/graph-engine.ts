@@ -28,6 +28,10 @@ import { planPublishing, type PublishPlan } from "./publish.js";
 import { RemoteReads } from "./remote-reads.js";
 import { WorkerLane, type AttachedWork, type LaneListener } from "./worker-lane.js";
 import type { WorkerClient } from "../worker/types.js";
+import { DisaggregatedCore } from "../kv-connector/disaggregated-core.js";
+
+/** What runs a kv_cache node: one engine core, or a prefill and a decode core joined by the KV connector. */
+type KvNodeEngine = EngineCore | DisaggregatedCore;
 
 /** A request for a graph's own outputs (audio, images...), as /generate and /v1/audio/speech make them. */
 export interface GraphRequest {
@@ -135,10 +139,12 @@ export class GraphEngine implements LaneListener {
   readonly conductor: Conductor;
   readonly lanes: readonly WorkerLane[];
   /** Engine core per kv_cache node id (null for stateless nodes). */
-  private readonly cores: (EngineCore | null)[];
+  private readonly cores: (KvNodeEngine | null)[];
+  /** Every engine core with the lane it steps, for worker deaths and restarts. */
+  private readonly coreLaneList: { core: EngineCore; lane: WorkerLane }[] = [];
   /** The lane of each kv_cache node's engine core, by node id. */
   private readonly coreLanes: (WorkerLane | null)[];
-  private readonly primaryCore: EngineCore | null;
+  private readonly primaryCore: KvNodeEngine | null;
   private readonly configs: (EngineConfig | null)[];
   private readonly live = new Map<string, LiveRequest>();
   /** Where each (node id, walk id) runs. */
@@ -182,17 +188,39 @@ export class GraphEngine implements LaneListener {
     this.coreLanes = graph.nodes.map(() => null);
     this.cores = graph.nodes.map((node) => {
       if (node.engine !== "kv_cache") return null;
-      const ranks = new Set(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => this.rankOfWalkNode[wn.id]!));
-      if (ranks.size !== 1) throw new Error(`kv_cache node ${node.name} must run on one rank for all its walks, not ${[...ranks].join(", ")}`);
+      const rankOfWalk = new Map(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => [graph.walks[wn.walk]!.name, this.rankOfWalkNode[wn.id]!]));
+      const ranks = new Set(rankOfWalk.values());
+      const configOf = (lane: WorkerLane): EngineConfig => {
+        const ready = lane.ready;
+        if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
+        return { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
+      };
+      const deliverStepOutputs = (emitAll: () => void): void => this.deliverCoreStep(emitAll);
+      const prefillRank = rankOfWalk.get("prefill");
+      const decodeRank = rankOfWalk.get("decode");
+      if (ranks.size === 2 && prefillRank !== undefined && decodeRank !== undefined && prefillRank !== decodeRank) {
+        // Prefill/decode disaggregation: the KV connector joins a core on each rank.
+        const prefill = { lane: this.lanes[prefillRank]!, config: configOf(this.lanes[prefillRank]!) };
+        const decode = { lane: this.lanes[decodeRank]!, config: configOf(this.lanes[decodeRank]!) };
+        const pd = new DisaggregatedCore({ prefill, decode, deliverStepOutputs });
+        this.configs[node.id] = { ...decode.config, maxModelLen: Math.min(decode.config.maxModelLen, prefill.config.maxModelLen) };
+        this.coreLanes[node.id] = decode.lane;
+        this.coreLaneList.push({ core: pd.prefill, lane: prefill.lane }, { core: pd.decode, lane: decode.lane });
+        return pd;
+      }
+      if (ranks.size !== 1) {
+        throw new Error(`kv_cache node ${node.name} must run on one rank for all its walks (or prefill and decode on two), not ${[...ranks].join(", ")}`);
+      }
       const lane = this.lanes[[...ranks][0]!]!;
       const ready = lane.ready;
-      if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
-      const config: EngineConfig = { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
+      const config = configOf(lane);
       this.configs[node.id] = config;
       this.coreLanes[node.id] = lane;
       const masks = masksTaken ? null : (options.stepMasks?.(ready) ?? null);
       masksTaken = true;
-      return new EngineCore(lane, config, { deliverStepOutputs: (emitAll) => this.deliverCoreStep(emitAll), masks });
+      const core = new EngineCore(lane, config, { deliverStepOutputs, masks });
+      this.coreLaneList.push({ core, lane });
+      return core;
     });
     this.primaryCore = this.cores.find((c) => c !== null) ?? null;
     this.nodeTokenCap = graph.nodes.map((node) => {
@@ -747,7 +775,7 @@ export class GraphEngine implements LaneListener {
   }
 
   private coresOn(rank: number): EngineCore[] {
-    return this.cores.filter((core, nodeId): core is EngineCore => core !== null && this.coreLanes[nodeId]?.rank === rank);
+    return this.coreLaneList.filter((c) => c.lane.rank === rank).map((c) => c.core);
   }
 
   // ------------------------------------------------------------ endings

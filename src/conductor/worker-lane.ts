@@ -18,7 +18,7 @@
 // after a restart it sends to the new worker (replaceClient).
 
 import type { StepExecutor } from "../engine/types.js";
-import type { PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
+import type { KvTransfer, PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 import type { WorkerClient } from "../worker/types.js";
 
 /** The graph work a step carried, for matching its results (or failing them). */
@@ -46,6 +46,8 @@ export class WorkerLane implements StepExecutor {
   private batches: PassBatch[] = [];
   private releases: number[] = [];
   private finished: string[] = [];
+  /** KV blocks this (prefill) worker sends to a decode worker (KV connector). */
+  private kvSends: KvTransfer[] = [];
   private inFlight = 0;
   /** Wire step ids: the lane numbers every step it sends (the engine core's and its own), strictly increasing. */
   private nextWireStepId = 0;
@@ -113,6 +115,13 @@ export class WorkerLane implements StepExecutor {
     // Handles of a dead worker: its store is gone with it.
     if (this.down) return;
     for (const h of handles) this.releases.push(h);
+    this.kick();
+  }
+
+  /** KV connector: the worker sends these blocks (its peer loads them under the same transfer ids). */
+  addKvSends(sends: readonly KvTransfer[]): void {
+    if (this.down) return;
+    for (const s of sends) this.kvSends.push(s);
     this.kick();
   }
 
@@ -185,6 +194,10 @@ export class WorkerLane implements StepExecutor {
       message.finished_requests = this.finished;
       this.finished = [];
     }
+    if (this.kvSends.length > 0) {
+      message.kv_sends = this.kvSends;
+      this.kvSends = [];
+    }
     if (this.prompts.length === 0 && this.batches.length === 0) return NO_WORK;
     const sent = mergeBatches(this.batches);
     const work: AttachedWork = { prompts: this.prompts, batches: this.batches, sent };
@@ -196,7 +209,7 @@ export class WorkerLane implements StepExecutor {
   }
 
   private hasWork(): boolean {
-    return this.prompts.length > 0 || this.batches.length > 0 || this.releases.length > 0 || this.finished.length > 0;
+    return this.prompts.length > 0 || this.batches.length > 0 || this.releases.length > 0 || this.finished.length > 0 || this.kvSends.length > 0;
   }
 
   /**
@@ -213,6 +226,7 @@ export class WorkerLane implements StepExecutor {
         // Nothing to free on a dead worker; passes and prompts still go, to fail at once instead of waiting.
         this.releases = [];
         this.finished = [];
+        this.kvSends = [];
         return;
       }
       this.executeStep(graphOnlyStep()).catch(() => {});
@@ -264,5 +278,8 @@ function graphOnlyStep(): StepMessage {
     releases: NO_INTS,
     finished_requests: [],
     mask_rows: NO_INTS,
+    kv_sends: [],
+    kv_loads: [],
+    kv_cancels: NO_INTS,
   };
 }

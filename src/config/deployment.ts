@@ -11,6 +11,8 @@
 //       tp_size: 1                       # optional: ranks per instance; more ranks = replicas
 //
 // Each rank is one worker process. Without a file every node lives on rank 0.
+// A kv_cache node whose prefill and decode walks are placed on two ranks is
+// served with prefill/decode disaggregation (src/kv-connector/, examples/pd.yaml).
 // Placement changes where work runs, never what it computes, so the model's
 // walks never depend on this file; a file that names an unknown node or walk,
 // lists a rank twice, places a node twice for one walk, or leaves a node

@@ -43,6 +43,9 @@ interface ReplicaState {
   readonly routed: Map<RouteReason, number>;
 }
 
+/** The stats that add up across replicas. */
+type CountKey = Exclude<keyof EngineStats, "prefillKv">;
+
 const EMPTY_STATS: EngineStats = {
   numRunning: 0,
   numWaiting: 0,
@@ -157,7 +160,7 @@ export class DataParallelEngine implements ServingEngine {
     const total = { ...EMPTY_STATS };
     for (const replica of this.replicas) {
       const s = replica.stats;
-      for (const key of Object.keys(total) as (keyof EngineStats)[]) total[key] += s[key];
+      for (const key of Object.keys(total) as CountKey[]) total[key] = (total[key] ?? 0) + (s[key] ?? 0);
     }
     return total;
   }

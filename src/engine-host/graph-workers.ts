@@ -9,6 +9,7 @@
 // reach the graph engine through applyWorkerEvent (the other ranks go on)
 // and the frontend through a WorkerHealthEvent.
 
+import { createServer } from "node:net";
 import { placeGraph, DeploymentError, type Deployment } from "../config/deployment.js";
 import type { GraphEngine } from "../conductor/graph-engine.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
@@ -42,10 +43,18 @@ export function nodesByRank(deployment: Deployment): string[][] {
 }
 
 /** Worker options of one rank: its nodes, and the deployment's KV and length settings. */
-function rankOptions(base: WorkerOptions, deployment: Deployment | null, rank: number, nodes: string[] | undefined, shmShare: number): WorkerOptions {
+function rankOptions(
+  base: WorkerOptions,
+  deployment: Deployment | null,
+  rank: number,
+  nodes: string[] | undefined,
+  shmShare: number,
+  kvTransfer: WorkerOptions["kvTransfer"],
+): WorkerOptions {
   if (deployment === null) return base;
   return {
     ...base,
+    kvTransfer,
     nodes,
     rank,
     shmBytes: base.shmBytes ?? (shmShare > 0 ? shmShare : undefined),
@@ -73,8 +82,11 @@ export async function startGraphWorkers(
   // Tensors cross between workers through shared memory: each worker of a split deployment gets its share.
   const shmShare = nodes.length > 1 ? arenaShare(nodes.length) : 0;
   const supervisors: WorkerSupervisor[] = [];
+  // Walks split over ranks may put a kv_cache node's prefill and decode apart: the KV connector's rendezvous.
+  const splitsWalks = nodes.length > 1 && deployment !== null && deployment.nodeGroups.some((g) => g.graphWalks !== null);
+  const kvTransfer = splitsWalks ? { address: `127.0.0.1:${await freePort()}`, worldSize: nodes.length } : undefined;
   const start = (rank: number): Promise<WorkerSupervisor> =>
-    WorkerSupervisor.start(rank, rankOptions(base, deployment, rank, nodes[rank], shmShare), restart, onEvent, signal);
+    WorkerSupervisor.start(rank, rankOptions(base, deployment, rank, nodes[rank], shmShare, kvTransfer), restart, onEvent, signal);
   try {
     supervisors.push(await start(0));
     const graph = compileModelGraph(supervisors[0]!.client.ready.graph);
@@ -96,6 +108,20 @@ export async function startGraphWorkers(
     await Promise.all(supervisors.map((s) => s.stop()));
     throw error;
   }
+}
+
+/** A TCP port free now on the loopback interface (the OS picks it). */
+function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.unref();
+    server.on("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const address = server.address();
+      const port = typeof address === "object" && address !== null ? address.port : 0;
+      server.close(() => resolve(port));
+    });
+  });
 }
 
 /** The current worker of every rank. */

@@ -68,12 +68,21 @@
 // after the previous step's tokens are applied, so the mask is made while
 // the worker runs the step's forward pass). structured/step-masks.ts explains
 // why; a request whose mask cannot be made ends with "error" after the step.
+//
+// KV connector (prefill/decode disaggregation, src/kv-connector): on the
+// prefill side a producer request that ends on length keeps its blocks
+// (held) until the owner calls releaseHeld() once its KV has been sent; on
+// the decode side the scheduler starts remote loads (SchedulerOutput.kvLoads,
+// told to options.connector once their step is sent), a step with no rows is
+// still sent while loads are outstanding (the worker answers it when one
+// finishes or after a short wait), and the loads the worker reports finished
+// make their requests run, or compute their prompt here when the load failed.
 
 import { setImmediate as yieldToEventLoop } from "node:timers/promises";
 import type { StepMessage, StepResultMessage } from "../transport/messages.js";
 import { BlockManager } from "./block-manager.js";
 import { Request } from "./request.js";
-import { Scheduler, type SchedulerOutput } from "./scheduler.js";
+import { Scheduler, type KvLoad, type SchedulerOutput } from "./scheduler.js";
 import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
@@ -113,6 +122,18 @@ export interface EngineStats {
   numPrefixHitTokens: number;
   /** Output callbacks that threw (the engine goes on). */
   numCallbackErrors: number;
+  /** Bytes of KV received from other workers (KV connector). */
+  numKvTransferBytes?: number;
+  /** Prefill/decode disaggregation: the prefill side's KV blocks (the rest of these stats are the decode side's). */
+  prefillKv?: { numFreeBlocks: number; numBlocks: number; numHeldBlocks: number };
+}
+
+/** The engine core's owner hears about its remote KV loads (KV connector, consumer side). */
+export interface KvLoadListener {
+  /** These loads went out in a step to the worker: the peer must send their blocks. */
+  loadsStarted(loads: readonly KvLoad[]): void;
+  /** The worker finished a load (ok: its KV is in the cache); `error` says why it failed. */
+  loadFinished(transferId: number, ok: boolean, error: string | null): void;
 }
 
 export interface EngineCoreOptions {
@@ -125,6 +146,8 @@ export interface EngineCoreOptions {
   deliverStepOutputs?: (emitAll: () => void) => void;
   /** Grammar masks for structured output (structured/step-masks.ts); absent or null: requests with a grammar are refused. */
   masks?: StepMasks | null;
+  /** KV connector, consumer side: who sends the blocks this engine's requests load. */
+  kvLoads?: KvLoadListener;
 }
 
 function runNow(emitAll: () => void): void {
@@ -193,9 +216,14 @@ export class EngineCore {
   private probation: Request | null = null;
   /** A step has come back since the worker was (re)placed: the re-admitted requests ran. */
   private answeredSinceSwap = false;
+  /** Producer requests that ended on length and keep their blocks until releaseHeld(). */
+  private readonly held = new Map<string, Request>();
+  private readonly kvLoads: KvLoadListener | null;
+  private numKvTransferBytes = 0;
 
   constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions = {}) {
     this.masks = options.masks ?? null;
+    this.kvLoads = options.kvLoads ?? null;
     this.config = config;
     this.deliverStepOutputs = options.deliverStepOutputs ?? runNow;
     this.executor = executor;
@@ -227,6 +255,7 @@ export class EngineCore {
       numPrefixQueryTokens: this.scheduler.numPrefixQueryTokens,
       numPrefixHitTokens: this.scheduler.numPrefixHitTokens,
       numCallbackErrors: this.numCallbackErrors,
+      numKvTransferBytes: this.numKvTransferBytes,
     };
   }
 
@@ -297,6 +326,27 @@ export class EngineCore {
     await this.loopDone;
   }
 
+  /** Blocks of a held producer request (KV connector): what the peer loads. Null when none is held under `requestId`. */
+  heldBlocks(requestId: string): readonly number[] | null {
+    return this.held.get(requestId)?.blockIds ?? null;
+  }
+
+  /** The held request's KV has been sent (or will never be): its blocks are freed (prefix-cached ones stay cached). */
+  releaseHeld(requestId: string): void {
+    const request = this.held.get(requestId);
+    if (request === undefined) return;
+    this.held.delete(requestId);
+    this.blockManager.free(request);
+    this.wake();
+  }
+
+  /** Blocks held for producer requests whose KV has not been sent yet. */
+  get numHeldBlocks(): number {
+    let n = 0;
+    for (const request of this.held.values()) n += request.blockIds.length;
+    return n;
+  }
+
   /** The KV block bookkeeping check (tests, debugging); throws when broken. */
   checkIntegrity(): void {
     this.blockManager.checkIntegrity();
@@ -345,9 +395,11 @@ export class EngineCore {
     const t0 = performance.now();
     const out = this.scheduler.schedule();
     const t1 = performance.now();
-    if (out.requests.length === 0) {
+    // Remote loads outstanding and nothing in flight: a step with no rows asks the worker how they stand.
+    const pollLoads = this.scheduler.loading.size > 0 && this.inFlight.length === 0;
+    if (out.requests.length === 0 && out.kvLoads.length === 0 && !pollLoads) {
       // With a step in flight this is normal (every running request waits for a token that ends it).
-      if (this.inFlight.length > 0) this.scheduler.deferRemoved(out.removedWireIds);
+      if (this.inFlight.length > 0) this.scheduler.deferRemoved(out.removedWireIds, out.kvCancels);
       else this.failUnschedulable(out);
       return false;
     }
@@ -366,6 +418,7 @@ export class EngineCore {
     if (masks !== null && this.inFlight.length === 1) this.runMasks(masks);
     // Awaited in order later; a rejection must not count as unhandled meanwhile.
     step.result.catch(() => {});
+    if (out.kvLoads.length > 0) this.kvLoads?.loadsStarted(out.kvLoads);
     return true;
   }
 
@@ -383,7 +436,7 @@ export class EngineCore {
         return;
       }
       // Should the worker still be alive, it never applied this step's removals: resend them.
-      this.scheduler.deferRemoved(step.out.removedWireIds);
+      this.scheduler.deferRemoved(step.out.removedWireIds, step.out.kvCancels);
       this.failAll(error);
       await this.drainInFlight();
       return;
@@ -394,6 +447,7 @@ export class EngineCore {
     for (const request of step.out.added) request.suspect = false;
     const t3 = performance.now();
     this.scheduler.updateAfterStep(step.out);
+    if (result.kv_loaded.length > 0 || result.kv_load_failed.length > 0) this.applyLoadResults(result);
     this.applyPendingAborts();
     this.deliverStepOutputs(() => this.processResult(step.out, step.message, result));
     // The next step's constrained rows can have their masks now (the worker is running its forward pass).
@@ -497,7 +551,7 @@ export class EngineCore {
       // A worker still alive must not wait for masks that would never come.
       if (step.masks !== null) this.masks?.abandon(step.masks, this.executor);
       await step.result.catch(() => undefined);
-      this.scheduler.deferRemoved(step.out.removedWireIds);
+      this.scheduler.deferRemoved(step.out.removedWireIds, step.out.kvCancels);
     }
     // Aborts that came in meanwhile name requests failAll already ended (or new ones).
     this.applyPendingAborts();
@@ -523,7 +577,8 @@ export class EngineCore {
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
       request.lastTokenMs = now;
       const stop = checkStop(request, this.maxLen);
-      if (stop !== null) this.finish(request);
+      // A producer ending on length keeps its blocks for the KV transfer (released by the owner).
+      if (stop !== null) this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
       const output = outputOf(request, token, logprob, stop);
       if (request.promptLogprobs >= 0 && !request.promptLogprobsSent) {
         request.promptLogprobsSent = true;
@@ -531,6 +586,19 @@ export class EngineCore {
       }
       this.emit(request, output);
     }
+  }
+
+  /** Loads the worker finished: their requests run (or recompute), and the listener frees the sender's blocks. */
+  private applyLoadResults(result: StepResultMessage): void {
+    this.numKvTransferBytes += result.kv_bytes;
+    for (const id of result.kv_loaded) {
+      this.scheduler.completeLoad(id, true);
+      this.kvLoads?.loadFinished(id, true, null);
+    }
+    result.kv_load_failed.forEach((id, i) => {
+      this.scheduler.completeLoad(id, false);
+      this.kvLoads?.loadFinished(id, false, result.kv_load_errors[i] ?? "the KV load failed");
+    });
   }
 
   /** Adds each row's prompt logprobs to its request; positions it already has (a recomputed prompt) are skipped. */
@@ -563,8 +631,9 @@ export class EngineCore {
 
   // ------------------------------------------------------------ endings
 
-  private finish(request: Request): void {
-    this.scheduler.finishRequest(request);
+  private finish(request: Request, hold = false): void {
+    this.scheduler.finishRequest(request, hold);
+    if (hold) this.held.set(request.id, request);
     this.requests.delete(request.id);
     this.masks?.release(request);
   }
@@ -614,7 +683,7 @@ export class EngineCore {
   /** Defensive: live requests but an empty step would spin; end the oldest instead. */
   private failUnschedulable(out: SchedulerOutput): void {
     const oldest = this.scheduler.running[0] ?? this.scheduler.waiting[0];
-    this.scheduler.deferRemoved(out.removedWireIds);
+    this.scheduler.deferRemoved(out.removedWireIds, out.kvCancels);
     if (oldest === undefined) return;
     this.finish(oldest);
     this.emit(oldest, endOutput(oldest, "error", "internal error: the scheduler could not place the request"));

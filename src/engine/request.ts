@@ -4,9 +4,13 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, MediaSpan, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
+import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
 
-export type RequestStatus = "waiting" | "running" | "finished";
+/** loading: its KV is being loaded from another worker (prefill/decode disaggregation). */
+export type RequestStatus = "waiting" | "loading" | "running" | "finished";
+
+/** Where a consumer request's remote KV load stands; "none" for every other request. */
+export type KvLoadState = "none" | "pending" | "loading" | "done" | "failed";
 
 /** Wire id of a request the worker does not know (not added, or removed). */
 export const NO_WIRE_ID = -1;
@@ -69,6 +73,13 @@ export class Request {
    * step since: it may be what kills the worker, so it is re-admitted alone.
    */
   suspect = false;
+  /** Prefill/decode disaggregation: its part in a KV transfer (null: none). */
+  readonly kvTransfer: KvTransferParams | null;
+  kvLoad: KvLoadState;
+  /** The worker's num_prompt_tokens: what its penalties and seeded draws count outputs from. */
+  readonly numWorkerPromptTokens: number;
+  /** The transfer loading its KV while kvLoad is "loading". */
+  kvTransferId = -1;
 
   constructor(req: EngineRequest, onOutput: OutputCallback) {
     this.id = req.id;
@@ -84,6 +95,10 @@ export class Request {
     this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();
+    this.kvTransfer = req.kvTransfer ?? null;
+    // A consumer's last "prompt" token was sampled on the prefill side: to the worker it is an output token.
+    this.numWorkerPromptTokens = this.kvTransfer?.role === "consumer" ? Math.min(this.kvTransfer.numTokens, this.numPromptTokens) : this.numPromptTokens;
+    this.kvLoad = this.kvTransfer?.role === "consumer" ? "pending" : "none";
   }
 
   /** Asked for prompt logprobs and has not had them yet (a request resumed after they went out has no need). */

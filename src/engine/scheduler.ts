@@ -16,6 +16,17 @@
 // token list). A request whose in-flight tokens already reach maxTokens or
 // the length limit gets no further row; a stop token is only seen one step
 // late, and the engine core drops the extra token.
+//
+// KV connector, consumer side (prefill/decode disaggregation, src/kv-connector):
+// a request whose prompt KV was computed on another worker is admitted by
+// allocating blocks for those tokens (after any local prefix-cache hit) and
+// naming them in the step's kvLoads instead of giving it a row; it waits in
+// `loading` (counted against maxNumSeqs, never preempted) until the worker
+// reports the load (completeLoad): then it runs as if it had computed those
+// tokens, or, when the load failed, goes back to the waiting queue to be
+// computed here. A loading request that ends frees its blocks at once and
+// its transfer id goes out in kvCancels, so the worker does not write the
+// late bytes into blocks that may have a new owner.
 
 import type { KVCacheManager } from "./block-manager.js";
 import { NO_WIRE_ID, type Request } from "./request.js";
@@ -37,6 +48,19 @@ export interface SchedulerOutput {
   /** Requests preempted while building this step. */
   preempted: Request[];
   numScheduledTokens: number;
+  /** Remote KV loads started this step (KV connector, consumer side). */
+  kvLoads: KvLoad[];
+  /** Transfer ids of loads whose request ended while loading. */
+  kvCancels: number[];
+}
+
+/** One remote KV load: the local blocks `blockIds` receive the peer's `remoteBlockIds`, in order. */
+export interface KvLoad {
+  request: Request;
+  transferId: number;
+  blockIds: number[];
+  remoteBlockIds: number[];
+  numTokens: number;
 }
 
 export class Scheduler {
@@ -51,6 +75,10 @@ export class Scheduler {
   numPrefixQueryTokens = 0;
   numPrefixHitTokens = 0;
 
+  /** Requests waiting for their remote KV, by transfer id. */
+  readonly loading = new Map<number, Request>();
+  private nextTransferId = 0;
+  private pendingCancels: number[] = [];
   private readonly freeWireIds: number[] = [];
   private nextWireId = 0;
   private pendingRemoved: number[] = [];
@@ -72,7 +100,7 @@ export class Scheduler {
 
   get numWaiting(): number {
     this.compact();
-    return this.waiting.length;
+    return this.waiting.length + this.loading.size;
   }
 
   get numRunning(): number {
@@ -103,8 +131,11 @@ export class Scheduler {
       removedWireIds: this.pendingRemoved,
       preempted: [],
       numScheduledTokens: 0,
+      kvLoads: [],
+      kvCancels: this.pendingCancels,
     };
     this.pendingRemoved = [];
+    this.pendingCancels = [];
     let budget = this.config.maxNumBatchedTokens;
 
     for (let i = 0; i < this.running.length && budget > 0; ) {
@@ -160,18 +191,48 @@ export class Scheduler {
   }
 
   /** Ends a request: drops it from the queues, frees its blocks, tells the worker next step. False if already finished. */
-  finishRequest(request: Request): boolean {
+  finishRequest(request: Request, keepBlocks = false): boolean {
     if (request.status === "finished") return false;
-    this.kv.free(request);
+    if (request.status === "loading") {
+      this.loading.delete(request.kvTransferId);
+      this.pendingCancels.push(request.kvTransferId);
+    }
+    // keepBlocks: a producer's blocks stay taken until its KV is sent (EngineCore.releaseHeld).
+    if (!keepBlocks) this.kv.free(request);
     if (request.wireId !== NO_WIRE_ID) this.releaseWireId(request, this.pendingRemoved);
     request.status = "finished";
     this.hasFinishedInQueues = true;
     return true;
   }
 
-  /** Removals of a step that was not sent go out with the next one. */
-  deferRemoved(wireIds: readonly number[]): void {
+  /** Removals (and load cancels) of a step that was not sent go out with the next one. */
+  deferRemoved(wireIds: readonly number[], kvCancels: readonly number[] = []): void {
     this.pendingRemoved.push(...wireIds);
+    this.pendingCancels.push(...kvCancels);
+  }
+
+  /**
+   * The worker finished load `transferId`: the request runs from the loaded
+   * tokens on, or (failed) goes back to the waiting queue to compute them.
+   * Null when no live request waits for that load (it ended meanwhile).
+   */
+  completeLoad(transferId: number, ok: boolean): Request | null {
+    const request = this.loading.get(transferId);
+    if (request === undefined) return null;
+    this.loading.delete(transferId);
+    request.kvTransferId = -1;
+    if (ok && request.kvTransfer?.role === "consumer") {
+      const numTokens = request.kvTransfer.numTokens;
+      request.kvLoad = "done";
+      request.numComputedTokens = numTokens;
+      this.kv.commitComputed(request, numTokens);
+      request.status = "running";
+      this.running.push(request);
+    } else {
+      request.kvLoad = "failed";
+      this.requeue(request, this.pendingRemoved);
+    }
+    return request;
   }
 
   /**
@@ -186,6 +247,14 @@ export class Scheduler {
       this.requeue(request, this.pendingRemoved);
     }
     this.running.length = 0;
+    // Loads into the lost worker's cache are gone with it: those requests compute their KV on the next one.
+    for (const request of this.loading.values()) {
+      request.kvLoad = "failed";
+      request.kvTransferId = -1;
+      this.requeue(request, this.pendingRemoved);
+    }
+    this.loading.clear();
+    this.pendingCancels = [];
     this.kv.resetPrefixCache();
   }
 
@@ -211,10 +280,16 @@ export class Scheduler {
 
   private admitWaiting(out: SchedulerOutput, budget: number): void {
     const blockSize = this.kv.blockSize;
-    while (this.waiting.length > 0 && budget > 0 && this.running.length < this.config.maxNumSeqs) {
+    while (this.waiting.length > 0 && budget > 0 && this.running.length + this.loading.size < this.config.maxNumSeqs) {
       const request = this.waiting[0] as Request;
       // Preempted with a sampled token still in flight: wait for it (its tokens must be complete when re-added).
       if (request.numInFlightSamples > 0) break;
+      if (request.kvLoad === "pending") {
+        const started = this.startLoad(request, out);
+        if (started === null) break;
+        if (started) continue;
+        // Everything the peer has is cached here: admitted as usual below.
+      }
       // Prompt tokens served from the cache have no logits: a request that still needs prompt logprobs computes them all.
       const readsCache = this.kv.enablePrefixCaching && !request.needsPromptLogprobs;
       const cached = readsCache ? this.kv.findCachedPrefix(request) : [];
@@ -237,6 +312,46 @@ export class Scheduler {
       this.running.push(request);
       budget -= this.pushRow(out, request, numNew);
     }
+  }
+
+  /**
+   * Allocates a consumer request's blocks for its remote tokens and starts
+   * loading those not served by the local prefix cache. True: loading; false:
+   * nothing left to load (it is admitted normally); null: no blocks now.
+   */
+  private startLoad(request: Request, out: SchedulerOutput): boolean | null {
+    const params = request.kvTransfer;
+    if (params?.role !== "consumer") return false;
+    const blockSize = this.kv.blockSize;
+    const numBlocks = Math.ceil(params.numTokens / blockSize);
+    // Full blocks only (findCachedPrefix), never past what the peer computed.
+    const cached = this.kv.findCachedPrefix(request).slice(0, Math.floor(params.numTokens / blockSize));
+    if (cached.length >= numBlocks || params.remoteBlockIds.length < numBlocks) {
+      request.kvLoad = cached.length >= numBlocks ? "done" : "failed";
+      return false;
+    }
+    if (!this.kv.allocate(request, params.numTokens, cached)) return null;
+    this.waiting.shift();
+    if (request.numCachedTokens < 0) {
+      request.numCachedTokens = cached.length * blockSize;
+      request.firstScheduledMs = performance.now();
+      this.numPrefixQueryTokens += request.numPromptTokens;
+      this.numPrefixHitTokens += cached.length * blockSize;
+    }
+    const transferId = this.nextTransferId++;
+    request.kvLoad = "loading";
+    request.kvTransferId = transferId;
+    request.numComputedTokens = 0;
+    request.status = "loading";
+    this.loading.set(transferId, request);
+    out.kvLoads.push({
+      request,
+      transferId,
+      blockIds: request.blockIds.slice(cached.length, numBlocks),
+      remoteBlockIds: params.remoteBlockIds.slice(cached.length, numBlocks),
+      numTokens: params.numTokens,
+    });
+    return true;
   }
 
   private pushRow(out: SchedulerOutput, request: Request, numNew: number): number {

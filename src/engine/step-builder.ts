@@ -56,6 +56,16 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     finished_requests: [],
     // Grammar-constrained rows are marked by the engine core after building (structured/step-masks.ts).
     mask_rows: NO_IDS,
+    // KV connector: the sends of a prefill worker are attached by its lane; loads are this engine's own.
+    kv_sends: [],
+    kv_loads: out.kvLoads.map((load) => ({
+      transfer_id: load.transferId,
+      request_id: load.request.id,
+      peer_rank: load.request.kvTransfer?.role === "consumer" ? load.request.kvTransfer.peerRank : -1,
+      block_ids: Int32Array.from(load.blockIds),
+      num_tokens: load.numTokens,
+    })),
+    kv_cancels: out.kvCancels.length === 0 ? NO_IDS : Int32Array.from(out.kvCancels),
   };
 }
 
@@ -66,7 +76,7 @@ function addedRequest(request: Request): AddedRequest {
   return {
     req_id: request.wireId,
     token_ids: Int32Array.from(request.tokenIds),
-    num_prompt_tokens: request.numPromptTokens,
+    num_prompt_tokens: request.numWorkerPromptTokens,
     sampling: request.sampling,
     prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
     embeds: request.embeds,

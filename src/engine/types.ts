@@ -37,6 +37,8 @@ export interface EngineRequest {
    * position. Such a request computes its whole prompt (no prefix-cache hit).
    */
   promptLogprobs?: number;
+  /** Prefill/decode disaggregation (src/kv-connector): the request's part in a KV transfer; absent: none. */
+  kvTransfer?: KvTransferParams;
   /**
    * A vision-language prompt: where each image's tokens sit and a hash of the
    * image's bytes (block hashes of the blocks covering them include it, so the
@@ -64,6 +66,17 @@ export interface PromptMedia {
   /** Where each image came from in the request (for error messages). */
   params: string[];
 }
+
+/**
+ * producer (the prefill side): a request that ends on length keeps its KV
+ * blocks, to be sent to the decode side, until the engine's owner releases
+ * them (EngineCore.releaseHeld). consumer (the decode side): the KV of the
+ * first `numTokens` tokens is loaded from `remoteBlockIds` on the worker of
+ * rank `peerRank` instead of computed; a failed load falls back to computing it.
+ */
+export type KvTransferParams =
+  | { role: "producer" }
+  | { role: "consumer"; peerRank: number; remoteBlockIds: readonly number[]; numTokens: number };
 
 export interface TokenLogprob {
   tokenId: number;

@@ -159,14 +159,18 @@ export class BatonMetrics implements RequestRecorder {
     const engineLabels: Record<string, string>[] =
       options.replicas === undefined ? [model] : engines.map((_, i) => ({ ...model, engine: String(i) }));
 
-    const gauge = (name: string, help: string, read: (s: EngineStats) => number): void => {
+    // A read that gives null leaves the series out (the prefill side's gauges exist only with disaggregation).
+    const gauge = (name: string, help: string, read: (s: EngineStats) => number | null): void => {
       new Gauge({
         name,
         help,
         labelNames: engineLabelNames,
         registers,
         collect() {
-          engines.forEach((engine, i) => this.set(engineLabels[i] as Record<string, string>, read(engine.stats)));
+          engines.forEach((engine, i) => {
+            const value = read(engine.stats);
+            if (value !== null) this.set(engineLabels[i] as Record<string, string>, value);
+          });
         },
       });
     };
@@ -178,6 +182,10 @@ export class BatonMetrics implements RequestRecorder {
     gauge("baton:kv_free_blocks", "KV-cache blocks an allocation can take (free plus evictable prefix-cached).", (s) => s.numFreeBlocks);
     gauge("baton:kv_cached_blocks", "Unreferenced KV-cache blocks kept for prefix-cache hits (part of the free blocks).", (s) => s.numCachedBlocks);
     gauge("baton:kv_total_blocks", "KV-cache blocks in all.", (s) => s.numBlocks);
+    // Prefill/decode disaggregation: the kv_* gauges above are the decode side's; these are the prefill side's.
+    gauge("baton:kv_prefill_free_blocks", "Prefill side's KV-cache blocks an allocation can take (prefill/decode disaggregation).", (s) => s.prefillKv?.numFreeBlocks ?? null);
+    gauge("baton:kv_prefill_total_blocks", "Prefill side's KV-cache blocks in all (prefill/decode disaggregation).", (s) => s.prefillKv?.numBlocks ?? null);
+    gauge("baton:kv_prefill_held_blocks", "Prefill side's KV-cache blocks held until their transfer to the decode side is done.", (s) => s.prefillKv?.numHeldBlocks ?? null);
 
     // Engine counters: cumulative in EngineStats, exported as deltas so they never go down.
     const counter = (name: string, help: string, read: (s: EngineStats) => number): void => {
@@ -209,6 +217,7 @@ export class BatonMetrics implements RequestRecorder {
     counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", (s) => s.numPrefixHitTokens);
     counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", (s) => s.numPreemptions);
     counter("baton:engine_steps_total", "Engine steps executed.", (s) => s.numSteps);
+    counter("baton:kv_transfer_bytes_total", "Bytes of KV cache received from another worker through the KV connector (prefill/decode disaggregation).", (s) => s.numKvTransferBytes ?? 0);
 
     this.ttft = new Histogram({ name: "vllm:time_to_first_token_seconds", help: "Histogram of time to first token in seconds.", labelNames, buckets: TTFT_BUCKETS, registers }).labels(model);
     this.itl = new Histogram({ name: "vllm:inter_token_latency_seconds", help: "Histogram of inter-token latency in seconds.", labelNames, buckets: ITL_BUCKETS, registers }).labels(model);

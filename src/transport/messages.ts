@@ -6,7 +6,7 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 5;
+export const PROTOCOL_VERSION = 6;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -109,6 +109,14 @@ export interface ClientChunk {
   metadata: unknown;
 }
 
+export interface KvTransfer {
+  transfer_id: number;
+  request_id: string;
+  peer_rank: number;
+  block_ids: Int32Array;
+  num_tokens: number;
+}
+
 export interface PassResult {
   pass_id: number;
   error: string | null;
@@ -128,6 +136,7 @@ export interface PassResult {
  * WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
  * Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
  * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
+ * KV connector (prefill/decode disaggregation): kv_sends (prefill worker) and kv_loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv_cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
  */
 export interface StepMessage {
   kind: "Step";
@@ -145,6 +154,9 @@ export interface StepMessage {
   releases: Int32Array;
   finished_requests: string[];
   mask_rows: Int32Array;
+  kv_sends: KvTransfer[];
+  kv_loads: KvTransfer[];
+  kv_cancels: Int32Array;
 }
 
 /**
@@ -208,6 +220,10 @@ export interface StepResultMessage {
   prompt_ranks: Int32Array | null;
   prompt_top_ids: Int32Array | null;
   prompt_top_logprobs: Float32Array | null;
+  kv_loaded: Int32Array;
+  kv_load_failed: Int32Array;
+  kv_load_errors: string[];
+  kv_bytes: number;
 }
 
 export interface PongMessage {
@@ -231,7 +247,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 5,
+  protocolVersion: 6,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -314,6 +330,13 @@ export const WIRE_TABLES: WireTables = {
       { name: "data", type: { kind: "u8[]", nullable: false, text: "u8[]" } },
       { name: "metadata", type: { kind: "any", nullable: false, text: "any" } },
     ],
+    KvTransfer: [
+      { name: "transfer_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "peer_rank", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "num_tokens", type: { kind: "int", nullable: false, text: "int" } },
+    ],
     PassResult: [
       { name: "pass_id", type: { kind: "int", nullable: false, text: "int" } },
       { name: "error", type: { kind: "str", nullable: true, text: "str?" } },
@@ -341,6 +364,9 @@ export const WIRE_TABLES: WireTables = {
         { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "finished_requests", type: { kind: "str[]", nullable: false, text: "str[]" } },
         { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "kv_sends", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
+        { name: "kv_loads", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
+        { name: "kv_cancels", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       ],
     },
     StepMask: {
@@ -398,6 +424,10 @@ export const WIRE_TABLES: WireTables = {
         { name: "prompt_ranks", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
         { name: "prompt_top_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
         { name: "prompt_top_logprobs", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
+        { name: "kv_loaded", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "kv_load_failed", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "kv_load_errors", type: { kind: "str[]", nullable: false, text: "str[]" } },
+        { name: "kv_bytes", type: { kind: "int", nullable: false, text: "int" } },
       ],
     },
     Pong: {

@@ -40,6 +40,12 @@ export interface WorkerOptions {
   rank?: number;
   /** A graph model's constructor arguments (a deployment's model_kwargs). */
   modelKwargs?: Record<string, unknown>;
+  /**
+   * KV connector (prefill/decode disaggregation): the torch.distributed
+   * rendezvous of the deployment's workers ("HOST:PORT", rank 0 serves it)
+   * and their number; the worker joins only when its first KV transfer comes.
+   */
+  kvTransfer?: { address: string; worldSize: number };
   /** Bytes of the worker's shared-memory arena, through which its tensors reach workers of other ranks (default: none). */
   shmBytes?: number;
   /**

@@ -36,6 +36,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
     args.push("--tensor-parallel-size", String(opts.tensorParallelSize));
     if (opts.distributedExecutorBackend !== undefined) args.push("--distributed-executor-backend", opts.distributedExecutorBackend);
   }
+  if (opts.kvTransfer !== undefined) args.push("--kv-transfer", opts.kvTransfer.address, "--kv-transfer-world", String(opts.kvTransfer.worldSize));
   return args;
 }
 

@@ -74,6 +74,10 @@ class EchoWorker implements WorkerClient {
       prompt_ranks: null,
       prompt_top_ids: null,
       prompt_top_logprobs: null,
+      kv_loaded: new Int32Array(0),
+      kv_load_failed: new Int32Array(0),
+      kv_load_errors: [],
+      kv_bytes: 0,
     });
   }
   onDeath(): void {}

@@ -99,6 +99,15 @@ export class FakeExecutor implements StepExecutor {
     return run;
   }
 
+  /** KV connector tests: copies blocks of `from`'s fake cache into this one's (a finished KV load). */
+  copyBlocksFrom(from: FakeExecutor, srcBlocks: ArrayLike<number>, dstBlocks: ArrayLike<number>): void {
+    const bs = this.options.blockSize;
+    for (let i = 0; i < srcBlocks.length; i++) {
+      const src = srcBlocks[i]! * bs;
+      this.kv.set(from.kv.subarray(src, src + bs), dstBlocks[i]! * bs);
+    }
+  }
+
   /** Executes a step at once (what executeStep does after its delay). */
   compute(step: StepMessage): StepResultMessage {
     const bs = this.options.blockSize;
@@ -207,6 +216,10 @@ export class FakeExecutor implements StepExecutor {
       prompt_ranks: prompt.any ? Int32Array.from(prompt.ranks) : null,
       prompt_top_ids: prompt.any ? Int32Array.from(prompt.topIds) : null,
       prompt_top_logprobs: prompt.any ? Float32Array.from(prompt.topLogprobs) : null,
+      kv_loaded: new Int32Array(0),
+      kv_load_failed: new Int32Array(0),
+      kv_load_errors: [],
+      kv_bytes: 0,
     };
   }
 }

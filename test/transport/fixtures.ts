@@ -92,6 +92,9 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     releases: new Int32Array(0),
     finished_requests: [],
     mask_rows: Int32Array.from([1]),
+    kv_sends: [],
+    kv_loads: [],
+    kv_cancels: new Int32Array(0),
     ...overrides,
   };
 }
@@ -114,6 +117,10 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     prompt_ranks: Int32Array.from([7, 1]),
     prompt_top_ids: Int32Array.from([17]),
     prompt_top_logprobs: Float32Array.from([-0.125]),
+    kv_loaded: new Int32Array(0),
+    kv_load_failed: new Int32Array(0),
+    kv_load_errors: [],
+    kv_bytes: 0,
     ...overrides,
   };
 }

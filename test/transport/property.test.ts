@@ -9,6 +9,7 @@ import type {
   AddedRequest,
   ClientChunk,
   NamedValues,
+  KvTransfer,
   PassBatch,
   PassResult,
   PromptRequest,
@@ -77,6 +78,8 @@ const promptResult: fc.Arbitrary<PromptResult> = rec({ request_id: str, error: f
 const clientChunk: fc.Arbitrary<ClientChunk> = rec({ name: str, modality: str, data: u8, metadata: plain });
 const passResult: fc.Arbitrary<PassResult> = rec({ pass_id: int, error: fc.option(str), outputs: small(namedValues), client_chunks: small(clientChunk), stops: strs });
 
+const kvTransfer: fc.Arbitrary<KvTransfer> = rec({ transfer_id: int, request_id: str, peer_rank: int, block_ids: i32, num_tokens: int });
+
 const message: fc.Arbitrary<WireMessage> = fc.oneof(
   rec({
     kind: fc.constant("Step" as const),
@@ -94,6 +97,9 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     releases: i32,
     finished_requests: strs,
     mask_rows: i32,
+    kv_sends: small(kvTransfer),
+    kv_loads: small(kvTransfer),
+    kv_cancels: i32,
   }),
   rec({ kind: fc.constant("StepMask" as const), step_id: int, bitmask: i32 }),
   rec({ kind: fc.constant("Ping" as const), nonce: int }),
@@ -128,6 +134,10 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     prompt_ranks: fc.option(i32),
     prompt_top_ids: fc.option(i32),
     prompt_top_logprobs: fc.option(f32),
+    kv_loaded: i32,
+    kv_load_failed: i32,
+    kv_load_errors: strs,
+    kv_bytes: int,
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),

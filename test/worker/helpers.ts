@@ -92,7 +92,15 @@ export const greedy: SamplingParams = {
 };
 
 /** The graph fields of a step that carries no graph work. */
-export const NO_GRAPH_WORK = { prompts: [], batches: [], releases: new Int32Array(0), finished_requests: [] } satisfies Partial<StepMessage>;
+export const NO_GRAPH_WORK = {
+  prompts: [],
+  batches: [],
+  releases: new Int32Array(0),
+  finished_requests: [],
+  kv_sends: [],
+  kv_loads: [],
+  kv_cancels: new Int32Array(0),
+} satisfies Partial<StepMessage>;
 
 /** A step that adds one request and prefills all of its prompt into fresh blocks. */
 export function prefillStep(stepId: number, reqId: number, prompt: number[], firstBlock: number, sampling: SamplingParams = greedy): StepMessage {

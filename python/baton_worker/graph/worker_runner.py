@@ -41,6 +41,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import protocol
+from ..kv_connector import KvConnectorWorker
 from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..step_runner import StepRunner
 from ..transfer.shm import ShmArena, ShmFull, ShmReader, ShmRef
@@ -84,6 +85,7 @@ class GraphStepRunner:
         kv_node: str | None = None,
         rank: int = 0,
         arena: ShmArena | None = None,
+        kv_connector: KvConnectorWorker | None = None,
     ):
         if (kv is None) != (kv_node is None):
             raise ValueError("a kv StepRunner and the kv_cache node it runs come together")
@@ -97,6 +99,8 @@ class GraphStepRunner:
             # Prompt embeddings (AddedRequest.embeds) are tensors of this worker's store.
             kv.embeds_of = nodes.store.get
         self.arena = arena
+        # Prefill/decode disaggregation: moves this worker's KV blocks to and from its peers.
+        self.kv_connector = kv_connector
         self.reader = ShmReader()
         # Handle -> its block in the arena, for the handles published so far.
         self.published: dict[int, ShmRef] = {}
@@ -104,6 +108,8 @@ class GraphStepRunner:
     def close(self) -> None:
         """Unmaps the segments read and unlinks this worker's arena."""
         self.reader.close()
+        if self.kv_connector is not None:
+            self.kv_connector.close()
         if self.arena is not None:
             self.arena.close()
 
@@ -114,6 +120,12 @@ class GraphStepRunner:
         for request_id in step.finished_requests:
             self.nodes.finish_request(request_id)
         prompt_results = [self._prompt(p) for p in step.prompts]
+        # KV connector: cancels first (before any load is written), sends copied out before the forward.
+        connector = self.kv_connector
+        if connector is not None:
+            connector.cancel(step.kv_cancels)
+            connector.start_sends(step.kv_sends)
+            connector.start_loads(step.kv_loads)
         t1 = time.perf_counter()
         result = self._rows(step, wait_mask)
         t2 = time.perf_counter()
@@ -121,6 +133,17 @@ class GraphStepRunner:
         t3 = time.perf_counter()
         result.prompt_results = prompt_results
         result.pass_results = pass_results
+        if connector is not None:
+            # A step with nothing else to do only asks how the loads stand: it waits a little for one.
+            idle = not len(step.req_ids) and not step.batches and not step.prompts and not step.kv_loads
+            report = connector.poll(0.02 if idle and connector.has_pending_loads else 0.0)
+            result.kv_loaded = np.asarray(report.loaded, np.int32)
+            result.kv_load_failed = np.asarray(report.failed, np.int32)
+            result.kv_load_errors = report.errors
+            result.kv_bytes = report.nbytes
+        elif len(step.kv_loads):
+            result.kv_load_failed = np.asarray([t.transfer_id for t in step.kv_loads], np.int32)
+            result.kv_load_errors = [f"worker {self.rank} has no KV connector"] * len(step.kv_loads)
         result.timings.prepare_ms += (t1 - t0) * 1e3
         result.timings.forward_ms += (t3 - t2) * 1e3
         return result

@@ -1,0 +1,244 @@
+// Prefill/decode disaggregation: the KV connector's scheduler half.
+//
+// One kv_cache node whose prefill walk runs on one worker and decode walk on
+// another is served by two engine cores joined here, the way vLLM's P/D
+// serving joins two engines through a KV connector:
+//
+// 1. Prefill: the request runs on the prefill core with max_tokens 1 as a
+//    KV producer. Its first token goes to the client; when it ends on that
+//    length limit its blocks are held (EngineCore.releaseHeld frees them).
+// 2. Decode: the decode core gets it as a KV consumer with the prompt plus
+//    the first token, and the prefill side's block ids for the prompt's
+//    tokens. Its scheduler (get_num_new_matched_tokens / update_state_after_alloc
+//    in vLLM's terms) takes local prefix-cache hits first, allocates blocks
+//    for the rest and names them in its next step's kv_loads; once that step
+//    is sent (loadsStarted, vLLM's build_connector_meta) the same transfer ids
+//    go to the prefill worker as kv_sends, and the two workers move the bytes
+//    with their transfer library (python/baton_worker/kv_connector/).
+// 3. The decode worker reports each load finished or failed in a StepResult:
+//    a loaded request runs from its first token on; a failed load makes it
+//    compute its prompt on the decode side (recompute, never an error). Either
+//    way the prefill side's blocks are released then (vLLM's request_finished
+//    -> delayed free), after transferTimeoutMs at the latest, and at once when
+//    the request ends before its load starts or while it runs: the prefill
+//    worker copies a send's blocks out at the start of the step carrying it,
+//    before any later step can reuse them.
+//
+// Requests with max_tokens 1, and prompts with images (their features live
+// on the prefill worker), simply run on the prefill core. Structured output
+// is not served here (the first token is sampled without the mask).
+
+import { EngineCore, RequestRejectedError, type EngineConfig, type EngineCoreOptions, type EngineStats, type KvLoadListener } from "../engine/engine-core.js";
+import type { KvLoad } from "../engine/scheduler.js";
+import type { StepTimingRing } from "../engine/step-timings.js";
+import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor } from "../engine/types.js";
+import type { KvTransfer } from "../transport/messages.js";
+
+/** Where the prefill worker's KV sends go: its lane, which carries them in its next step. */
+export interface KvSendLane extends StepExecutor {
+  readonly rank: number;
+  addKvSends(sends: readonly KvTransfer[]): void;
+}
+
+export interface DisaggregatedCoreOptions {
+  prefill: { lane: KvSendLane; config: EngineConfig };
+  decode: { lane: KvSendLane; config: EngineConfig };
+  /** How both cores hand their step's outputs to their callbacks (EngineCoreOptions.deliverStepOutputs). */
+  deliverStepOutputs?: EngineCoreOptions["deliverStepOutputs"];
+  /** Longest the prefill side holds a request's blocks for a started transfer (default 60 s). */
+  transferTimeoutMs?: number;
+}
+
+interface SplitRequest {
+  readonly request: EngineRequest;
+  readonly onOutput: OutputCallback;
+  phase: "prefill" | "decode";
+  /** The prefill side holds this request's blocks (not released yet). */
+  held: boolean;
+  /** The transfer loading its KV, -1 before one starts. */
+  transferId: number;
+  /** Prompt tokens the prefill side served from its prefix cache (the client's cached_tokens). */
+  numCachedTokens: number;
+}
+
+export class DisaggregatedCore implements KvLoadListener {
+  readonly prefill: EngineCore;
+  readonly decode: EngineCore;
+  private readonly prefillLane: KvSendLane;
+  private readonly decodeRank: number;
+  private readonly decodeMaxModelLen: number;
+  private readonly transferTimeoutMs: number;
+  private readonly live = new Map<string, SplitRequest>();
+  /** Transfer id -> the request whose prefill blocks it reads, with its timeout. */
+  private readonly transfers = new Map<number, { requestId: string; timer: NodeJS.Timeout }>();
+  private numLoadFailures = 0;
+
+  constructor(options: DisaggregatedCoreOptions) {
+    this.prefillLane = options.prefill.lane;
+    this.decodeRank = options.decode.lane.rank;
+    this.decodeMaxModelLen = options.decode.config.maxModelLen;
+    this.transferTimeoutMs = options.transferTimeoutMs ?? 60_000;
+    const deliver = options.deliverStepOutputs;
+    this.prefill = new EngineCore(options.prefill.lane, options.prefill.config, { deliverStepOutputs: deliver });
+    this.decode = new EngineCore(options.decode.lane, options.decode.config, { deliverStepOutputs: deliver, kvLoads: this });
+  }
+
+  /** The first token is sampled on the prefill side, where no grammar mask applies. */
+  get takesGrammars(): boolean {
+    return false;
+  }
+
+  get timings(): StepTimingRing {
+    return this.decode.timings;
+  }
+
+  /** The decode side's KV blocks and queues, both sides' requests and counters, the prefill side's blocks apart. */
+  get stats(): EngineStats {
+    const p = this.prefill.stats;
+    const d = this.decode.stats;
+    return {
+      ...d,
+      numRunning: p.numRunning + d.numRunning,
+      numWaiting: p.numWaiting + d.numWaiting,
+      numPreemptions: p.numPreemptions + d.numPreemptions,
+      numSteps: p.numSteps + d.numSteps,
+      numPrefixQueryTokens: p.numPrefixQueryTokens + d.numPrefixQueryTokens,
+      numPrefixHitTokens: p.numPrefixHitTokens + d.numPrefixHitTokens,
+      numCallbackErrors: p.numCallbackErrors + d.numCallbackErrors,
+      numKvTransferBytes: d.numKvTransferBytes ?? 0,
+      prefillKv: { numFreeBlocks: p.numFreeBlocks, numBlocks: p.numBlocks, numHeldBlocks: this.prefill.numHeldBlocks },
+    };
+  }
+
+  /** Loads that failed and were recomputed on the decode side. */
+  get kvLoadFailures(): number {
+    return this.numLoadFailures;
+  }
+
+  submit(req: EngineRequest, onOutput: OutputCallback): void {
+    if (req.grammar != null) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available with prefill/decode disaggregation`);
+    if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    // Nothing to decode, or image features that live on the prefill worker (a failed load could not recompute
+    // them on the decode side): the prefill side serves the request alone.
+    if (req.stop.maxTokens <= 1 || (req.media?.spans.length ?? 0) > 0 || req.embedsHandle !== undefined) {
+      this.prefill.submit(req, onOutput);
+      return;
+    }
+    const split: SplitRequest = { request: req, onOutput, phase: "prefill", held: false, transferId: -1, numCachedTokens: 0 };
+    this.prefill.submit({ ...req, stop: { ...req.stop, maxTokens: 1 }, kvTransfer: { role: "producer" } }, (out) => this.onPrefillOutput(split, out));
+    this.live.set(req.id, split);
+  }
+
+  abort(requestId: string): void {
+    const split = this.live.get(requestId);
+    if (split === undefined) {
+      this.prefill.abort(requestId);
+      return;
+    }
+    if (split.phase === "prefill") this.prefill.abort(requestId);
+    else this.decode.abort(requestId);
+  }
+
+  async close(): Promise<void> {
+    for (const t of this.transfers.values()) clearTimeout(t.timer);
+    this.transfers.clear();
+    await Promise.all([this.prefill.close(), this.decode.close()]);
+  }
+
+  checkIntegrity(): void {
+    this.prefill.checkIntegrity();
+    this.decode.checkIntegrity();
+  }
+
+  // ------------------------------------------------------------ the decode core's loads
+
+  loadsStarted(loads: readonly KvLoad[]): void {
+    const sends: KvTransfer[] = [];
+    for (const load of loads) {
+      const split = this.live.get(load.request.id);
+      if (split === undefined) continue;
+      split.transferId = load.transferId;
+      const timer = setTimeout(() => this.endTransfer(load.transferId), this.transferTimeoutMs);
+      timer.unref();
+      this.transfers.set(load.transferId, { requestId: split.request.id, timer });
+      sends.push({
+        transfer_id: load.transferId,
+        request_id: split.request.id,
+        peer_rank: this.decodeRank,
+        block_ids: Int32Array.from(load.remoteBlockIds),
+        num_tokens: load.numTokens,
+      });
+    }
+    if (sends.length > 0) this.prefillLane.addKvSends(sends);
+  }
+
+  loadFinished(transferId: number, ok: boolean, _error: string | null): void {
+    // A load cancelled because its request ended is no failure of the transfer.
+    if (!ok && this.transfers.has(transferId)) this.numLoadFailures++;
+    this.endTransfer(transferId);
+  }
+
+  // ------------------------------------------------------------ outputs
+
+  private onPrefillOutput(split: SplitRequest, out: RequestOutput): void {
+    const req = split.request;
+    const heldBlocks = out.finished && out.finishReason === "length" ? this.prefill.heldBlocks(req.id) : null;
+    const firstToken = out.newTokenIds[0];
+    if (heldBlocks === null || firstToken === undefined || req.promptIds.length + 1 >= this.decodeMaxModelLen) {
+      // Ended on the prefill side (a stop token, the length limit, an abort or an error).
+      this.prefill.releaseHeld(req.id);
+      this.live.delete(req.id);
+      split.onOutput(out);
+      return;
+    }
+    split.held = true;
+    split.phase = "decode";
+    split.numCachedTokens = out.numCachedTokens;
+    const decodeRequest: EngineRequest = {
+      id: req.id,
+      promptIds: [...req.promptIds, firstToken],
+      // The worker counts the first token as an output (Request.numWorkerPromptTokens): sampling goes as it is.
+      sampling: req.sampling,
+      stop: { ...req.stop, maxTokens: req.stop.maxTokens - 1, minTokens: Math.max(0, req.stop.minTokens - 1) },
+      priority: req.priority,
+      arrivalMs: req.arrivalMs,
+      kvTransfer: { role: "consumer", peerRank: this.prefillLane.rank, remoteBlockIds: [...heldBlocks], numTokens: req.promptIds.length },
+    };
+    // The first token reaches the client as a token of a request that goes on.
+    const first: RequestOutput = { ...out, finished: false, finishReason: null, stopTokenId: null, error: null };
+    delete first.timing;
+    try {
+      this.decode.submit(decodeRequest, (o) => this.onDecodeOutput(split, o));
+    } catch (error) {
+      this.releaseHeld(split);
+      this.live.delete(req.id);
+      split.onOutput({ ...out, finishReason: "error", error: (error as Error).message });
+      return;
+    }
+    split.onOutput(first);
+  }
+
+  private onDecodeOutput(split: SplitRequest, out: RequestOutput): void {
+    if (out.finished) {
+      this.live.delete(split.request.id);
+      // Ended before its load started, or while it ran (the cancel keeps the late bytes out of the decode cache).
+      if (split.transferId >= 0) this.endTransfer(split.transferId);
+      else this.releaseHeld(split);
+    }
+    split.onOutput(out.numCachedTokens === split.numCachedTokens ? out : { ...out, numCachedTokens: split.numCachedTokens });
+  }
+
+  private endTransfer(transferId: number): void {
+    const transfer = this.transfers.get(transferId);
+    if (transfer === undefined) return;
+    this.transfers.delete(transferId);
+    clearTimeout(transfer.timer);
+    this.prefill.releaseHeld(transfer.requestId);
+  }
+
+  private releaseHeld(split: SplitRequest): void {
+    if (!split.held) return;
+    split.held = false;
+    this.prefill.releaseHeld(split.request.id);
+  }
+}
