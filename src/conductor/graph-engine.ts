@@ -16,7 +16,7 @@
 // through the conductor's client output, as RequestOutputs (with the engine
 // core's logprobs and finish reason) so the OpenAI frontend is unchanged.
 
-import { checkSubmittable, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
+import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor, StopConditions } from "../engine/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
@@ -958,16 +958,3 @@ function callSafely<T>(fn: (arg: T) => void, arg: T): void {
 
 const NO_IDS = new Int32Array(0);
 
-const EMPTY_STATS: EngineStats = {
-  numRunning: 0,
-  numWaiting: 0,
-  numFreeBlocks: 0,
-  numCachedBlocks: 0,
-  numUsedBlocks: 0,
-  numBlocks: 0,
-  numPreemptions: 0,
-  numSteps: 0,
-  numPrefixQueryTokens: 0,
-  numPrefixHitTokens: 0,
-  numCallbackErrors: 0,
-};

@@ -14,7 +14,7 @@
 // them engine="i".
 
 import { EngineStartError, type ServingEngine, type ServingEngineOptions, type WorkerHealthEvent } from "./types.js";
-import type { EngineConfig, EngineStats } from "../engine/engine-core.js";
+import { EMPTY_STATS, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback } from "../engine/types.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
@@ -46,19 +46,6 @@ interface ReplicaState {
 /** The stats that add up across replicas. */
 type CountKey = Exclude<keyof EngineStats, "prefillKv">;
 
-const EMPTY_STATS: EngineStats = {
-  numRunning: 0,
-  numWaiting: 0,
-  numFreeBlocks: 0,
-  numCachedBlocks: 0,
-  numUsedBlocks: 0,
-  numBlocks: 0,
-  numPreemptions: 0,
-  numSteps: 0,
-  numPrefixQueryTokens: 0,
-  numPrefixHitTokens: 0,
-  numCallbackErrors: 0,
-};
 
 /**
  * The CUDA device a replica's worker sees: the i-th of CUDA_VISIBLE_DEVICES

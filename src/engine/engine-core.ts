@@ -128,6 +128,21 @@ export interface EngineStats {
   prefillKv?: { numFreeBlocks: number; numBlocks: number; numHeldBlocks: number };
 }
 
+/** The stats of an engine with nothing in it (and the zero to sum replicas' stats from). */
+export const EMPTY_STATS: Readonly<EngineStats> = {
+  numRunning: 0,
+  numWaiting: 0,
+  numFreeBlocks: 0,
+  numCachedBlocks: 0,
+  numUsedBlocks: 0,
+  numBlocks: 0,
+  numPreemptions: 0,
+  numSteps: 0,
+  numPrefixQueryTokens: 0,
+  numPrefixHitTokens: 0,
+  numCallbackErrors: 0,
+};
+
 /** The engine core's owner hears about its remote KV loads (KV connector, consumer side). */
 export interface KvLoadListener {
   /** These loads went out in a step to the worker: the peer must send their blocks. */
