@@ -12,7 +12,7 @@ import { UsageError } from "./args.js";
 import { maskCostTable, runMaskCost } from "../bench/mask-cost.js";
 import { readModelDir } from "../config/model-dir.js";
 import { runSoak, soakReport } from "../bench/soak.js";
-import { routerBenchReport, runRouterBench } from "../bench/router-bench.js";
+import { routerBenchReport, runRouterBench, type RouterBenchOptions } from "../bench/router-bench.js";
 import { COMPARE_HELP, parseCompareArgs, parseServeBenchArgs, runCompareCommand, runServeCommand, SERVE_BENCH_HELP, type CompareArgs, type ServeBenchArgs } from "./bench-serve.js";
 
 export const BENCH_HELP = `Usage: baton bench <benchmark> [options]
@@ -172,20 +172,10 @@ Options:
   -h, --help               show this help
 `;
 
-export interface RouterArgs {
+/** `baton bench router`: the bench's options (less what the CLI fills in) and how to print. */
+export interface RouterArgs extends Omit<RouterBenchOptions, "repoRoot" | "serveArgs"> {
   kind: "router";
   help: boolean;
-  modelDir: string | null;
-  dataParallelSize: number;
-  groups: number;
-  requestsPerGroup: number;
-  systemTokens: number;
-  questionTokens: number;
-  maxTokens: number;
-  maxConcurrency: number;
-  kvBlocks: number;
-  rounds: number;
-  seed: number;
   serveArgs: string[];
   json: boolean;
 }

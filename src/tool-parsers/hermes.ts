@@ -31,22 +31,11 @@ export class HermesToolParser extends StreamingToolParser {
         this.beginCall();
         return true;
       case "call": {
-        const call = this.call as JsonCall;
-        const { result, deltas } = call.feed(this.held);
-        this.calls(deltas);
-        this.held = this.held.slice(result.used);
-        if (result.error !== null && !call.isNamed) {
-          // Not a call after all: its text is content, and so is what follows.
-          this.content(call.consumed);
-          this.state = "content";
-          return true;
-        }
-        if (result.done || result.error !== null) {
-          this.state = result.error === null ? "close" : "content";
-          return true;
-        }
-        if (this.final && !call.isNamed) this.content(call.consumed);
-        return false;
+        const fed = this.feedCall(this.call as JsonCall);
+        if (fed === "more") return false;
+        // Not a call after all: what follows is content too.
+        this.state = fed === "done" ? "close" : "content";
+        return true;
       }
       case "close": {
         if (!this.skipSpace()) return false;

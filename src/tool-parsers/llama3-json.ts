@@ -49,21 +49,10 @@ export class Llama3JsonToolParser extends StreamingToolParser {
         return true;
       }
       case "call": {
-        const call = this.call as JsonCall;
-        const { result, deltas } = call.feed(this.held);
-        this.calls(deltas);
-        this.held = this.held.slice(result.used);
-        if (result.error !== null) {
-          if (!call.isNamed) this.content(call.consumed);
-          this.state = "content";
-          return true;
-        }
-        if (result.done) {
-          this.state = "between";
-          return true;
-        }
-        if (this.final && !call.isNamed) this.content(call.consumed);
-        return false;
+        const fed = this.feedCall(this.call as JsonCall);
+        if (fed === "more") return false;
+        this.state = fed === "done" ? "between" : "content";
+        return true;
       }
       case "between": {
         if (!this.skipSpace()) return false;

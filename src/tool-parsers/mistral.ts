@@ -65,21 +65,10 @@ export class MistralToolParser extends StreamingToolParser {
         this.state = "json-call";
         return true;
       case "json-call": {
-        const call = this.call as JsonCall;
-        const { result, deltas } = call.feed(this.held);
-        this.calls(deltas);
-        this.held = this.held.slice(result.used);
-        if (result.error !== null) {
-          if (!call.isNamed) this.content(call.consumed);
-          this.state = "content";
-          return true;
-        }
-        if (result.done) {
-          this.state = "separator";
-          return true;
-        }
-        if (this.final && !call.isNamed) this.content(call.consumed);
-        return false;
+        const fed = this.feedCall(this.call as JsonCall);
+        if (fed === "more") return false;
+        this.state = fed === "done" ? "separator" : "content";
+        return true;
       }
       case "separator":
         if (!this.skipSpace()) return false;

@@ -3,6 +3,7 @@
 // small helpers for markers that may be split across pieces.
 
 import { partialTagsLength } from "../text/partial-tag.js";
+import type { JsonCall } from "./json-call.js";
 import type { ToolCallDelta } from "./tool-call.js";
 
 /** What a piece of answer text becomes. */
@@ -81,6 +82,24 @@ export abstract class StreamingToolParser implements ToolCallParser {
     this.content(this.held.slice(0, this.held.length - keep));
     this.held = this.held.slice(this.held.length - keep);
     return null;
+  }
+
+  /**
+   * Feeds the held text to a JSON call object: "done" when the object is
+   * complete, "failed" when it is not a call (what it read is content, unless
+   * it had already named its function), "more" when it needs more text.
+   */
+  protected feedCall(call: JsonCall): "done" | "failed" | "more" {
+    const { result, deltas } = call.feed(this.held);
+    this.calls(deltas);
+    this.held = this.held.slice(result.used);
+    if (result.error !== null) {
+      if (!call.isNamed) this.content(call.consumed);
+      return "failed";
+    }
+    if (result.done) return "done";
+    if (this.final && !call.isNamed) this.content(call.consumed);
+    return "more";
   }
 
   /** Drops leading whitespace; true when text other than whitespace is held. */
