@@ -109,21 +109,29 @@ class PersistentBatch:
     def inputs(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray, sample: np.ndarray) -> StepInputs:
         """The step's model inputs, from int64 row columns (slot, first new position, new-token count, sample flag)."""
         bs = self.block_size
-        query_start = np.zeros(len(slots) + 1, np.int64)
-        np.cumsum(num_new, out=query_start[1:])
-        num_tokens = int(query_start[-1])
-        row_of_token = np.repeat(np.arange(len(slots)), num_new)
-        positions = np.arange(num_tokens) + (start - query_start[:-1])[row_of_token]
-        token_slot = slots[row_of_token]
+        n = len(slots)
+        if n and num_new.min() == 1 and num_new.max() == 1:
+            # Every row decodes one token (the common step): token i is row i.
+            positions, token_slot, rows = start, slots, slots
+            query_start = meta_start = np.arange(n + 1, dtype=np.int64)
+            num_tokens = n
+            seq_lens = start + 1
+        else:
+            query_start = np.zeros(n + 1, np.int64)
+            np.cumsum(num_new, out=query_start[1:])
+            num_tokens = int(query_start[-1])
+            row_of_token = np.repeat(np.arange(n), num_new)
+            positions = np.arange(num_tokens) + (start - query_start[:-1])[row_of_token]
+            token_slot = slots[row_of_token]
+            active = num_new > 0
+            seq_lens = (start + num_new)[active]
+            rows = slots[active]
+            meta_start = np.zeros(len(rows) + 1, np.int64)
+            np.cumsum(num_new[active], out=meta_start[1:])
         input_ids = self.tokens[token_slot, positions].astype(np.int64)
         slot_mapping = self.block_table[token_slot, positions // bs] * bs + positions % bs
         logits_indices = query_start[1:][sample] - 1
-        active = num_new > 0
-        seq_lens = (start + num_new)[active]
-        rows = slots[active]
         pages = int(-(-seq_lens.max() // bs)) if len(rows) else 0
-        meta_start = np.zeros(len(rows) + 1, np.int64)
-        np.cumsum(num_new[active], out=meta_start[1:])
         # One int64 buffer, one (non-blocking) copy to the device.
         host = np.concatenate((input_ids, positions, slot_mapping, logits_indices, rows))
         if self.on_cpu:

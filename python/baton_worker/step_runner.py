@@ -79,7 +79,10 @@ class StepRunner:
         self.num_blocks = num_blocks
         self.device = device
         self.requests: dict[int, RequestState] = {}
-        self.slot_of: dict[int, int] = {}  # req_id -> slot, for vectorized lookups
+        self.slot_of: dict[int, int] = {}  # req_id -> slot
+        # slot_of as sorted columns (req ids, their slots), rebuilt after adds and
+        # removals: one searchsorted maps a step's rows to slots.
+        self._slot_index: tuple[np.ndarray, np.ndarray] | None = None
         self.by_slot: dict[int, RequestState] = {}
         self.batch = PersistentBatch(block_size, device)
         self.graphs = None  # cuda_graphs.DecodeGraphs, set by loading on CUDA
@@ -141,7 +144,7 @@ class StepRunner:
         t3 = time.perf_counter()
         return StepResult(
             step_id=step.step_id,
-            req_ids=np.array([s.req_id for s in sampled], dtype=np.int32),
+            req_ids=step.req_ids[sample],
             token_ids=out.token_ids,
             logprobs=out.logprobs,
             top_counts=out.top_counts,
@@ -163,6 +166,7 @@ class StepRunner:
             state = self.requests.pop(req_id, None)
             if state is not None:
                 del self.slot_of[req_id], self.by_slot[state.slot]
+                self._slot_index = None
                 self.prompt_slots.discard(state.slot)
                 self.embeds.pop(state.slot, None)
                 self.batch.remove(state.slot)
@@ -195,6 +199,7 @@ class StepRunner:
             )
             self.requests[added.req_id] = state
             self.slot_of[added.req_id] = slot
+            self._slot_index = None
             self.by_slot[slot] = state
             if added.prompt_logprobs >= 0 and added.num_prompt_tokens > 1:
                 self.prompt_slots.add(slot)
@@ -220,8 +225,7 @@ class StepRunner:
             raise ProtocolError("Step.new_block_ids", f"has {len(step.new_block_ids)} ids, new_block_counts sum to {total_blocks}")
         if total_blocks and (step.new_block_ids.min() < 0 or step.new_block_ids.max() >= self.num_blocks):
             raise ProtocolError("Step.new_block_ids", f"block id outside [0, {self.num_blocks})")
-        slot_of = self.slot_of
-        slots = np.fromiter((slot_of.get(r, -1) for r in step.req_ids.tolist()), np.int64, n)
+        slots = self._slots_of(step.req_ids)
         if slots.min() < 0:
             i = int(np.flatnonzero(slots < 0)[0])
             raise ProtocolError(f"Step.req_ids[{i}]", f"unknown request {int(step.req_ids[i])}")
@@ -239,6 +243,19 @@ class StepRunner:
             i = int(np.flatnonzero(bad)[0])
             raise self._row_error(i, int(start[i]), int(num_new[i]), int(slots[i]))
         return slots, start, num_new, sample
+
+    def _slots_of(self, req_ids: np.ndarray) -> np.ndarray:
+        """The slot of each request id, -1 for an unknown one."""
+        if self._slot_index is None:
+            ids = np.fromiter(self.slot_of.keys(), np.int64, len(self.slot_of))
+            slots = np.fromiter(self.slot_of.values(), np.int64, len(self.slot_of))
+            order = np.argsort(ids)
+            self._slot_index = (ids[order], slots[order])
+        ids, slots = self._slot_index
+        if not len(ids):
+            return np.full(len(req_ids), -1, np.int64)
+        at = np.minimum(np.searchsorted(ids, req_ids), len(ids) - 1)
+        return np.where(ids[at] == req_ids, slots[at], -1)
 
     def _row_error(self, i: int, start: int, count: int, slot: int) -> ProtocolError:
         end = start + count

@@ -18,7 +18,7 @@
 
 import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor, StopConditions } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor, StopConditions, TokenCallback } from "../engine/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
 import type { StepMasks } from "../structured/step-masks.js";
 import type { NamedValues, PassBatch, PassResult, PromptResult, ReadyMessage, SamplingParams, StepResultMessage, WireValue } from "../transport/messages.js";
@@ -102,6 +102,8 @@ interface LiveRequest {
   readonly id: string;
   /** Text requests (submit): their client, and what the engine core asked for. */
   readonly onOutput: OutputCallback | null;
+  /** Text requests whose client takes plain tokens on their own (EngineCore's TokenCallback, passed through while carrying). */
+  readonly onToken: TokenCallback | null;
   readonly onEvent: GraphEventCallback | null;
   readonly engineRequest: EngineRequest;
   readonly modelKwargs: Record<string, unknown>;
@@ -290,7 +292,7 @@ export class GraphEngine implements LaneListener {
    * A text request on a graph whose prompt is token ids (a plain LLM):
    * refused synchronously (RequestRejectedError) when it can never run.
    */
-  submit(req: EngineRequest, onOutput: OutputCallback): void {
+  submit(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null): void {
     this.checkNew(req.id);
     const config = this.config;
     if (config === null) throw new RequestRejectedError(`request ${req.id}: this model has no kv_cache node to generate text`);
@@ -298,7 +300,7 @@ export class GraphEngine implements LaneListener {
     if (req.grammar != null && !this.primaryCore!.takesGrammars) {
       throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     }
-    const live = this.track(req.id, onOutput, null, req, {});
+    const live = this.track(req.id, onOutput, null, req, {}, onToken);
     if (this.graph.promptNames.length !== 1) {
       // A prompt of token ids and more (a vision-language model's images): the
       // model's process_prompt turns the ids and the media into its prompt values.
@@ -419,10 +421,12 @@ export class GraphEngine implements LaneListener {
     onEvent: GraphEventCallback | null,
     engineRequest: EngineRequest,
     modelKwargs: Record<string, unknown>,
+    onToken: TokenCallback | null = null,
   ): LiveRequest {
     const live: LiveRequest = {
       id,
       onOutput,
+      onToken,
       onEvent,
       engineRequest,
       modelKwargs,
@@ -567,7 +571,10 @@ export class GraphEngine implements LaneListener {
         ? base
         : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] } };
     try {
-      core.submit(engineRequest, (out) => this.onCoreOutput(node, req, out));
+      const onOutput = (out: RequestOutput): void => this.onCoreOutput(node, req, out);
+      // A carried decode loop's plain tokens go to the client without a RequestOutput each (onCoreToken).
+      if (core instanceof EngineCore && req.onToken !== null) core.submit(engineRequest, onOutput, (token, cached) => this.onCoreToken(node, req, token, cached));
+      else core.submit(engineRequest, onOutput);
     } catch (error) {
       const message = (error as Error).message;
       if (req.onEvent !== null) req.endStatus = 400;
@@ -640,6 +647,19 @@ export class GraphEngine implements LaneListener {
     // Text requests keep it until their client output is flushed; graph requests' events do not use it.
     if (!this.busy || req.onOutput === null) req.coreOutput = null;
     this.flushTouched();
+  }
+
+  /** onCoreOutput's carry case for a plain token, before the engine core builds an output for it. */
+  private onCoreToken(node: CompiledNode, req: LiveRequest, token: number, numCachedTokens: number): boolean {
+    if (req.carryLeft === 0 || req.carryNode !== node || req.ended || req.kvStopped || req.pending.length > 0) return false;
+    req.carryLeft--;
+    req.carried++;
+    try {
+      (req.onToken as TokenCallback)(token, numCachedTokens);
+    } catch {
+      // A client's callback must not stop the engine.
+    }
+    return true;
   }
 
   private kvTokens(req: LiveRequest, node: CompiledNode, out: RequestOutput): void {

@@ -31,7 +31,9 @@ function post(message: EngineToMainMessage, transfer: ArrayBuffer[] = []): void 
 
 /** Collects the outputs of one step and posts them together (one message per step). */
 class Outbox {
-  private plain: number[] = [];
+  /** [handle, token id, cached prompt tokens] per plain output, filled up to plainLength. */
+  private plain = new Int32Array(3 * 256);
+  private plainLength = 0;
   private rich: RichOutput[] = [];
   private graph: { handle: number; event: GraphEvent }[] = [];
   private scheduled = false;
@@ -51,11 +53,25 @@ class Outbox {
   add(handle: number, output: RequestOutput): void {
     const ids = output.newTokenIds;
     if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && !output.finished && output.error === null) {
-      this.plain.push(handle, ids[0] as number, output.numCachedTokens);
-    } else {
-      const { requestId: _id, ...rest } = output;
-      this.rich.push({ handle, output: rest });
+      this.addToken(handle, ids[0] as number, output.numCachedTokens);
+      return;
     }
+    const { requestId: _id, ...rest } = output;
+    this.rich.push({ handle, output: rest });
+    this.schedule();
+  }
+
+  /** A plain output (one token, nothing else). */
+  addToken(handle: number, tokenId: number, numCachedTokens: number): void {
+    if (this.plainLength + 3 > this.plain.length) {
+      const grown = new Int32Array(this.plain.length * 2);
+      grown.set(this.plain);
+      this.plain = grown;
+    }
+    this.plain[this.plainLength] = handle;
+    this.plain[this.plainLength + 1] = tokenId;
+    this.plain[this.plainLength + 2] = numCachedTokens;
+    this.plainLength += 3;
     this.schedule();
   }
 
@@ -73,7 +89,8 @@ class Outbox {
     const newSteps = stats.numSteps - this.numStepsPosted;
     this.numStepsPosted = stats.numSteps;
     const timings = newSteps > 0 && this.core.timings !== null ? this.core.timings.recent(newSteps) : [];
-    const plain = Int32Array.from(this.plain);
+    // A copy of the filled part moves to the main thread; the buffer is reused.
+    const plain = this.plain.slice(0, this.plainLength);
     const graph = this.graph;
     const transfer: ArrayBuffer[] = [plain.buffer as ArrayBuffer];
     for (const { event } of graph) {
@@ -95,7 +112,7 @@ class Outbox {
       nodeSteps: this.core.takeStepSamples(),
       heldTensors: this.core.heldTensors(),
     };
-    this.plain = [];
+    this.plainLength = 0;
     this.rich = [];
     this.graph = [];
     post(message, transfer);
@@ -185,10 +202,17 @@ function submit({ handle, request }: SubmitMessage): void {
   if (engine === null || box === null) return;
   box.numSubmitsTaken++;
   try {
-    engine.submit(request, (output) => {
-      if (output.finished) requestIds.delete(handle);
-      box.add(handle, output);
-    });
+    engine.submit(
+      request,
+      (output) => {
+        if (output.finished) requestIds.delete(handle);
+        box.add(handle, output);
+      },
+      (tokenId, numCachedTokens) => {
+        box.addToken(handle, tokenId, numCachedTokens);
+        return true;
+      },
+    );
     requestIds.set(handle, request.id);
   } catch (error) {
     // The main thread checks what it can before posting; whatever slips through ends the request here.

@@ -88,7 +88,7 @@ import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "../structured/step-masks.js";
 import { NO_WIRE_ID } from "./request.js";
-import { ExecutorLostError, type EngineRequest, type OutputCallback, type RequestOutput, type RequestTiming, type SchedulerConfig, type StepExecutor, type TokenLogprob } from "./types.js";
+import { ExecutorLostError, type EngineRequest, type OutputCallback, type RequestOutput, type RequestTiming, type SchedulerConfig, type StepExecutor, type TokenCallback, type TokenLogprob } from "./types.js";
 
 export interface EngineConfig extends SchedulerConfig {
   /** Overlap scheduling: build and send step N+1 while the worker runs N (default on). */
@@ -275,9 +275,9 @@ export class EngineCore {
   }
 
   /** Queues a request; throws RequestRejectedError if it can never run. */
-  submit(req: EngineRequest, onOutput: OutputCallback): void {
+  submit(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null): void {
     this.validate(req);
-    const request = new Request(req, onOutput);
+    const request = new Request(req, onOutput, onToken);
     this.requests.set(request.id, request);
     this.scheduler.addRequest(request);
     this.wake();
@@ -592,6 +592,7 @@ export class EngineCore {
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
       request.lastTokenMs = now;
       const stop = checkStop(request, this.maxLen);
+      if (stop === null && logprob === null && request.onToken !== null && !request.needsPromptLogprobs && this.offerToken(request, token)) continue;
       // A producer ending on length keeps its blocks for the KV transfer (released by the owner).
       if (stop !== null) this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
       const output = outputOf(request, token, logprob, stop);
@@ -702,6 +703,16 @@ export class EngineCore {
     if (oldest === undefined) return;
     this.finish(oldest);
     this.emit(oldest, endOutput(oldest, "error", "internal error: the scheduler could not place the request"));
+  }
+
+  /** Offers a plain token to the request's token callback; false sends it as an output instead (a throwing callback is counted, as in emit). */
+  private offerToken(request: Request, token: number): boolean {
+    try {
+      return (request.onToken as TokenCallback)(token, Math.max(request.numCachedTokens, 0));
+    } catch {
+      this.numCallbackErrors++;
+      return true;
+    }
   }
 
   private emit(request: Request, output: RequestOutput): void {

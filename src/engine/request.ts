@@ -4,7 +4,7 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, StopConditions } from "./types.js";
+import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, StopConditions, TokenCallback } from "./types.js";
 
 /** loading: its KV is being loaded from another worker (prefill/decode disaggregation). */
 export type RequestStatus = "waiting" | "loading" | "running" | "finished";
@@ -22,6 +22,8 @@ export class Request {
   readonly priority: number;
   readonly arrivalMs: number;
   readonly onOutput: OutputCallback;
+  /** Offered each plain token before onOutput (EngineCore.processResult); null: every token goes to onOutput. */
+  readonly onToken: TokenCallback | null;
   /** Structured output: the grammar of its answer (null: unconstrained). */
   readonly grammar: RequestGrammar | null;
   /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
@@ -81,13 +83,14 @@ export class Request {
   /** The transfer loading its KV while kvLoad is "loading". */
   kvTransferId = -1;
 
-  constructor(req: EngineRequest, onOutput: OutputCallback) {
+  constructor(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null) {
     this.id = req.id;
     this.sampling = req.sampling;
     this.stop = req.stop;
     this.priority = req.priority;
     this.arrivalMs = req.arrivalMs;
     this.onOutput = onOutput;
+    this.onToken = onToken;
     this.grammar = req.grammar ?? null;
     this.promptLogprobs = req.promptLogprobs ?? -1;
     this.media = req.media?.spans ?? [];

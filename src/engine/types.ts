@@ -130,6 +130,14 @@ export interface RequestOutput {
 
 export type OutputCallback = (output: RequestOutput) => void;
 
+/**
+ * A generated token with nothing else to say (no logprobs, no finish, no
+ * prompt logprobs), offered before a RequestOutput is built for it: true
+ * when the callee took it, false to have it delivered as a RequestOutput.
+ * Lets a plain decode stream skip one object per token on the engine thread.
+ */
+export type TokenCallback = (tokenId: number, numCachedTokens: number) => boolean;
+
 /** What the frontend holds of an engine (in this thread or its own): submit and abort, by request id. */
 export interface EngineHandle {
   submit(req: EngineRequest, onOutput: OutputCallback): void;

@@ -8,7 +8,7 @@
 
 import { randomUUID } from "node:crypto";
 import { EngineCore, type EngineConfig } from "../../src/engine/engine-core.js";
-import type { EngineRequest, RequestOutput, StepExecutor } from "../../src/engine/types.js";
+import type { EngineRequest, RequestOutput, StepExecutor, TokenCallback } from "../../src/engine/types.js";
 import { GraphEngine } from "../../src/conductor/graph-engine.js";
 import { compileGraph } from "../../src/graph/compile.js";
 import type { ReadyMessage, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
@@ -109,7 +109,7 @@ function engineRequest(i: number): EngineRequest {
   };
 }
 
-type Submit = (req: EngineRequest, onOutput: (out: RequestOutput) => void) => void;
+type Submit = (req: EngineRequest, onOutput: (out: RequestOutput) => void, onToken: TokenCallback) => void;
 
 /** Runs B requests to completion; ms per step over the whole run (prefill included, 1 of tokensPerRequest steps). */
 async function run(submit: Submit, worker: EchoWorker): Promise<{ msPerStep: number; tokens: number }> {
@@ -119,10 +119,17 @@ async function run(submit: Submit, worker: EchoWorker): Promise<{ msPerStep: num
   const steps0 = worker.steps;
   await new Promise<void>((resolve) => {
     for (let i = 0; i < requests; i++) {
-      submit(engineRequest(i), (out) => {
-        tokens += out.newTokenIds.length;
-        if (out.finished && ++done === requests) resolve();
-      });
+      submit(
+        engineRequest(i),
+        (out) => {
+          tokens += out.newTokenIds.length;
+          if (out.finished && ++done === requests) resolve();
+        },
+        () => {
+          tokens++;
+          return true;
+        },
+      );
     }
   });
   const ms = performance.now() - t0;
@@ -141,10 +148,14 @@ async function main(): Promise<void> {
     engine: { maxNumSeqs: requests, maxNumBatchedTokens: Math.max(8192, requests * 16), asyncScheduling: false },
   });
   console.log(`B=${requests}, ${tokensPerRequest} tokens per request, ms per step (control plane only)`);
-  const results: { core: number[]; graph: number[] } = { core: [], graph: [] };
+  const results: { core: number[]; graph: number[]; tokens: number[] } = { core: [], graph: [], tokens: [] };
   for (let r = 0; r < rounds; r++) {
     if (only !== "graph") results.core.push((await run((req, cb) => core.submit(req, cb), coreWorker)).msPerStep);
-    if (only !== "core") results.graph.push((await run((req, cb) => graph.submit(req, cb), graphWorker)).msPerStep);
+    if (only !== "core") {
+      results.graph.push((await run((req, cb) => graph.submit(req, cb), graphWorker)).msPerStep);
+      // As the engine thread submits: plain tokens through the token callback, no RequestOutput each.
+      results.tokens.push((await run((req, cb, onToken) => graph.submit(req, cb, onToken), graphWorker)).msPerStep);
+    }
   }
   const best = (xs: number[]): number => Math.min(...xs);
   // Where a step's time goes, p50 over the last round's decode steps (the engine core's timing ring).
@@ -160,7 +171,11 @@ async function main(): Promise<void> {
   if (only !== "core") console.log(`graph engine, p50 ms:      ${phases(graph.timings!)}`);
   console.log(`engine core alone: ${results.core.map((x) => x.toFixed(3)).join(" ")}  best ${best(results.core).toFixed(3)}`);
   console.log(`graph engine:      ${results.graph.map((x) => x.toFixed(3)).join(" ")}  best ${best(results.graph).toFixed(3)}`);
-  if (only === "both") console.log(`ratio graph/core (best): ${(best(results.graph) / best(results.core)).toFixed(3)}`);
+  console.log(`graph, token path: ${results.tokens.map((x) => x.toFixed(3)).join(" ")}  best ${best(results.tokens).toFixed(3)}`);
+  if (only === "both") {
+    console.log(`ratio graph/core (best): ${(best(results.graph) / best(results.core)).toFixed(3)}`);
+    console.log(`ratio graph token path/core (best): ${(best(results.tokens) / best(results.core)).toFixed(3)}`);
+  }
   await core.close();
   await graph.close();
 }

@@ -84,6 +84,44 @@ for (const asyncScheduling of [true, false]) {
       engine.checkIntegrity();
     });
 
+    it("offers plain tokens to the token callback; the finish (and a declined token) come as outputs", async () => {
+      const { engine } = makeEngine({ asyncScheduling, numBlocks: 16, blockSize: 4 });
+      const taken: number[] = [];
+      const outputs: RequestOutput[] = [];
+      await new Promise<void>((resolve) => {
+        engine.submit(
+          makeRequest([1, 2], { maxTokens: 5 }),
+          (out) => {
+            outputs.push(out);
+            if (out.finished) resolve();
+          },
+          // Declines token 5, takes the rest.
+          (token) => token !== 5 && taken.push(token) > 0,
+        );
+      });
+      assert.deepEqual(taken, [3, 4, 6]);
+      assert.deepEqual(
+        outputs.map((o) => [o.newTokenIds, o.finishReason]),
+        [
+          [[5], null],
+          [[7], "length"],
+        ],
+      );
+      // A throwing callback does not stop the engine: the request still finishes.
+      const { final } = await new Promise<{ final: RequestOutput }>((resolve) => {
+        engine.submit(
+          makeRequest([1], { maxTokens: 3 }),
+          (out) => out.finished && resolve({ final: out }),
+          () => {
+            throw new Error("client bug");
+          },
+        );
+      });
+      assert.equal(final.finishReason, "length");
+      assert.equal(engine.stats.numCallbackErrors, 2);
+      engine.checkIntegrity();
+    });
+
     it("passes logprobs through when asked", async () => {
       const executor = new FakeExecutor({ numBlocks: 8, blockSize: 4 });
       const run = executor.executeStep.bind(executor);
