@@ -66,6 +66,8 @@ class WorkerOptions:
     model_kwargs: dict | None = None
     shm_bytes: int = 0  # 0: no shared-memory arena
     tensor_parallel_size: int = 1
+    # Worker processes (data-parallel replicas, a deployment's ranks) sharing this host's cores, each with its tensor-parallel ranks.
+    host_workers: int = 1
     tp_rank: int = 0  # this process's rank in the tensor-parallel group (0: the one the engine talks to)
     tp_store: str | None = None  # HOST:PORT of rank 0's TCPStore (ranks above 0 only)
     distributed_executor_backend: str = "mp"
@@ -99,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-kwargs", help="JSON object: keyword arguments of the graph model's constructor")
     p.add_argument("--shm-bytes", type=int, default=0)
     p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--host-workers", type=int, default=1, help="worker processes sharing this host's cores (torch threads: cores / (this x TP size))")
     p.add_argument("--tp-rank", type=int, default=0)
     p.add_argument("--tp-store")
     p.add_argument("--distributed-executor-backend", default="mp")
@@ -128,6 +131,8 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
     if args.tensor_parallel_size < 1:
         raise OptionsError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if args.host_workers < 1:
+        raise OptionsError(f"--host-workers must be >= 1, got {args.host_workers}")
     if not 0 <= args.tp_rank < args.tensor_parallel_size:
         raise OptionsError(f"--tp-rank {args.tp_rank} is outside [0, {args.tensor_parallel_size})")
     if (args.tp_rank > 0) != (args.tp_store is not None):

@@ -197,7 +197,7 @@ class RankActor:
         from .server import serve_rank, set_cpu_threads
 
         opts = parse_options(argv)
-        set_cpu_threads(opts.tensor_parallel_size)
+        set_cpu_threads(opts)
         return serve_rank(opts)
 
 

@@ -185,3 +185,25 @@ def test_inconsistent_step_is_fatal(spawn, model_dir):
     assert isinstance(engine.recv(), protocol.Ready)
     engine.send(_step(0, [], [42], [1], [0], [0], [], [1]))
     _expect_fatal(engine, "Step.req_ids[0]: unknown request 42")
+
+
+@pytest.mark.parametrize("host_workers,tp", [(1, 1), (2, 1), (3, 2), (64, 1)])
+def test_worker_processes_on_one_host_share_its_cores(host_workers, tp):
+    # Each worker takes cores / (host workers x TP ranks) torch threads, at least 1 (OMP_NUM_THREADS unset).
+    code = (
+        "from baton_worker.options import parse_options; from baton_worker.server import set_cpu_threads; "
+        f"print(set_cpu_threads(parse_options(['--model', 'm', '--in-endpoint', 'ipc://a', '--out-endpoint', 'ipc://b', '--block-size', '16', "
+        f"'--host-workers', '{host_workers}', '--tensor-parallel-size', '{tp}'])))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(PYTHON_DIR)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    cores = len(os.sched_getaffinity(0))
+    assert int(out) == max(1, cores // (host_workers * tp))
+
+
+def test_host_workers_must_be_positive():
+    from baton_worker.options import OptionsError, parse_options
+
+    with pytest.raises(OptionsError, match="--host-workers must be >= 1, got 0"):
+        parse_options(["--model", "m", "--in-endpoint", "ipc://a", "--out-endpoint", "ipc://b", "--block-size", "16", "--host-workers", "0"])

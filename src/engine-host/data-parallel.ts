@@ -93,6 +93,8 @@ export class DataParallelEngine implements ServingEngine {
         ...options,
         worker: {
           ...worker,
+          // The replicas' workers share this host's cores.
+          hostWorkers: (worker.hostWorkers ?? 1) * dataParallel.size,
           // One progress bar: the first replica's.
           ...(i === 0 && onLoadProgress !== undefined ? { onLoadProgress } : {}),
           ...(device === null ? {} : { env: { CUDA_VISIBLE_DEVICES: device } }),

@@ -50,6 +50,7 @@ function rankOptions(
   nodes: string[] | undefined,
   shmShare: number,
   kvTransfer: WorkerOptions["kvTransfer"],
+  numRanks: number,
 ): WorkerOptions {
   if (deployment === null) return base;
   return {
@@ -58,6 +59,8 @@ function rankOptions(
     nodes,
     rank,
     shmBytes: base.shmBytes ?? (shmShare > 0 ? shmShare : undefined),
+    // Every rank runs on this host: they share its cores.
+    hostWorkers: (base.hostWorkers ?? 1) * numRanks,
     numBlocks: base.numBlocks ?? deployment.kvCache.maxNumPages ?? undefined,
     maxModelLen: base.maxModelLen ?? deployment.maxSeqLen ?? undefined,
     modelKwargs: deployment.modelKwargs,
@@ -86,7 +89,7 @@ export async function startGraphWorkers(
   const splitsWalks = nodes.length > 1 && deployment !== null && deployment.nodeGroups.some((g) => g.graphWalks !== null);
   const kvTransfer = splitsWalks ? { address: `127.0.0.1:${await freePort()}`, worldSize: nodes.length } : undefined;
   const start = (rank: number): Promise<WorkerSupervisor> =>
-    WorkerSupervisor.start(rank, rankOptions(base, deployment, rank, nodes[rank], shmShare, kvTransfer), restart, onEvent, signal);
+    WorkerSupervisor.start(rank, rankOptions(base, deployment, rank, nodes[rank], shmShare, kvTransfer, nodes.length), restart, onEvent, signal);
   try {
     supervisors.push(await start(0));
     const graph = compileModelGraph(supervisors[0]!.client.ready.graph);

@@ -54,6 +54,8 @@ export interface WorkerOptions {
    * is one worker: any rank dying takes the group down).
    */
   tensorParallelSize?: number;
+  /** Worker processes sharing this host's cores (data-parallel replicas x a deployment's ranks; default 1): each takes its share of torch threads. */
+  hostWorkers?: number;
   /** How ranks above 0 start: "mp" (default) child processes of rank 0, "ray" actors in a Ray placement group. */
   distributedExecutorBackend?: DistributedExecutorBackend;
   /** Variables added to the worker's environment (a data-parallel replica's CUDA_VISIBLE_DEVICES). */

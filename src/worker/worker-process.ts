@@ -32,6 +32,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));
   if (opts.modelKwargs !== undefined && Object.keys(opts.modelKwargs).length > 0) args.push("--model-kwargs", JSON.stringify(opts.modelKwargs));
   if (opts.shmBytes !== undefined && opts.shmBytes > 0) args.push("--shm-bytes", String(opts.shmBytes));
+  if (opts.hostWorkers !== undefined && opts.hostWorkers > 1) args.push("--host-workers", String(opts.hostWorkers));
   if (opts.tensorParallelSize !== undefined && opts.tensorParallelSize > 1) {
     args.push("--tensor-parallel-size", String(opts.tensorParallelSize));
     if (opts.distributedExecutorBackend !== undefined) args.push("--distributed-executor-backend", opts.distributedExecutorBackend);

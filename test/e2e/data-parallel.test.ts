@@ -17,6 +17,7 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { repoRoot, startServer, type RunningServer } from "./harness.js";
@@ -124,9 +125,14 @@ describe("data parallel (--data-parallel-size 2)", { timeout: 240_000 }, () => {
     await graphRefusal;
   });
 
-  test("each replica has its own worker", () => {
+  test("each replica has its own worker, and the replicas' workers share the host's cores", () => {
     assert.equal(workerPids(cacheAware!).length, 2);
     assert.equal(workerPids(roundRobin!).length, 2);
+    // Two workers each taking every core oversubscribe them (about 2.8x slower measured on 2 cores).
+    for (const pid of [...workerPids(cacheAware!), ...workerPids(roundRobin!)]) {
+      assert.match(readFileSync(`/proc/${pid}/cmdline`, "utf8"), /\x00--host-workers\x002\x00/);
+    }
+    assert.ok(workerPids(single!).every((pid) => !readFileSync(`/proc/${pid}/cmdline`, "utf8").includes("--host-workers")));
   });
 
   test("greedy output of concurrent requests is token-exact with one engine", async () => {

@@ -11,6 +11,7 @@ import { request as httpRequest } from "node:http";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { python, removeDir, repoRoot, startServer, tempDir, type RunningServer } from "./harness.js";
+import { workerPids } from "../reliability/helpers.js";
 
 const modelDir = join(repoRoot, "models", "demo-tts");
 const skip = !existsSync(join(modelDir, "config.json")) && "no demo-tts model (npm run setup builds it)";
@@ -190,6 +191,12 @@ describe("demo text-to-speech, llm and codec on two workers", { skip }, () => {
     const res = await speech(server, { input: TEXT, voice: "nova", seed: 7, response_format: "pcm", max_tokens: 400 });
     assert.equal(res.status, 200);
     assert.ok(res.body.equals(ref), `differs (${res.body.length} vs ${ref.length} bytes)`);
+  });
+
+  test("the two ranks' workers share the host's cores", () => {
+    const pids = workerPids(server);
+    assert.equal(pids.length, 2);
+    for (const pid of pids) assert.match(readFileSync(`/proc/${pid}/cmdline`, "utf8"), /\x00--host-workers\x002\x00/);
   });
 
   test("a deployment naming an unknown node is refused at start in one line", async () => {
