@@ -136,10 +136,10 @@ def serve(channel: Channel, runner, crash_token: int | None = None, tp: TensorPa
             raise protocol.ProtocolError("message.tag", f"{type(message).__name__} is not sent to the worker")
 
 
-def set_cpu_threads(opts: WorkerOptions) -> int:
+def set_cpu_threads(opts: WorkerOptions | None = None) -> int:
     """torch's intra-op threads: the process's share of the cores it may use
     (shared by --host-workers worker processes, each with its tensor-parallel
-    ranks); OMP_NUM_THREADS, when set, wins.
+    ranks; None: a lone worker); OMP_NUM_THREADS, when set, wins.
     Oversubscribed cores cost far more than idle ones: two data-parallel
     replicas with 2 threads each on 2 cores measured 550-580 output tok/s on
     the workload below, against 1536-1555 with 1 thread each.
@@ -153,7 +153,7 @@ def set_cpu_threads(opts: WorkerOptions) -> int:
     """
     if "OMP_NUM_THREADS" not in os.environ:
         # Tensor-parallel ranks on one host share its cores.
-        torch.set_num_threads(rank_threads(opts.tensor_parallel_size * opts.host_workers))
+        torch.set_num_threads(rank_threads(1 if opts is None else opts.tensor_parallel_size * opts.host_workers))
     return torch.get_num_threads()
 
 
