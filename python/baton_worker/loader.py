@@ -9,13 +9,14 @@ time, so peak memory stays near the size of the converted weights.
 from __future__ import annotations
 
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-from .config import ConfigError, read_json
+from .config import ConfigError, ModelConfig, read_json
 
 
 def weight_files(model_dir: Path) -> dict[str, Path]:
@@ -98,3 +99,58 @@ def stderr_progress() -> Callable[[int, int], None]:
             print(f"BATON_PROGRESS {done} {total}", file=sys.stderr, flush=True)
 
     return report
+
+
+class RandomWeightReader:
+    """--load-format dummy (vLLM's name): every weight the decoder asks for, of
+    its shape from the model's config, drawn on the device (norms 1, the rest
+    normal with std 0.02); no weight files are read. A weight depends only on
+    the seed and its name, so the same seed gives the same model whatever
+    reads it in whatever order (a tensor-parallel rank draws the whole tensor
+    and keeps its slice). For benchmarks of shapes nobody ships weights for (an
+    8B model on a GPU in seconds instead of writing 16 GB)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int):
+        self.shapes = _decoder_shapes(config)
+        self.dtype = dtype
+        self.device = device
+        self.seed = seed
+
+    def has(self, name: str) -> bool:
+        return name in self.shapes
+
+    def get(self, name: str) -> torch.Tensor:
+        shape = self.shapes.get(name)
+        if shape is None:
+            raise ConfigError(f"weight {name!r} is not one of the decoder's (--load-format dummy)")
+        out = torch.empty(shape, dtype=self.dtype, device=self.device)
+        if name.endswith("norm.weight"):
+            return out.fill_(1.0)
+        generator = torch.Generator(device=self.device).manual_seed(zlib.crc32(f"{self.seed}/{name}".encode()))
+        return out.normal_(0.0, 0.02, generator=generator)
+
+    def close(self) -> None:
+        pass
+
+
+def _decoder_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every weight of a Llama-family decoder with this config."""
+    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h), "model.norm.weight": (h,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head.weight"] = (c.vocab_size, h)
+    for layer in range(c.num_layers):
+        p = f"model.layers.{layer}."
+        a, m = p + "self_attn.", p + "mlp."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        shapes.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})
+        shapes.update({m + "gate_proj.weight": (i, h), m + "up_proj.weight": (i, h), m + "down_proj.weight": (h, i)})
+        if c.qkv_bias:
+            shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
+        if c.o_bias:
+            shapes[a + "o_proj.bias"] = (h,)
+        if c.qk_norm:
+            shapes.update({a + "q_norm.weight": (c.head_dim,), a + "k_norm.weight": (c.head_dim,)})
+        if c.mlp_bias:
+            shapes.update({m + "gate_proj.bias": (i,), m + "up_proj.bias": (i,), m + "down_proj.bias": (h,)})
+    return shapes

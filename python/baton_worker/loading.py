@@ -42,7 +42,7 @@ from .graph.node_runner import NodeRunner, TensorStore
 from .graph.worker_runner import GraphStepRunner
 from .kv_cache import KVCache, bytes_per_block
 from .kv_connector import KvConnectorWorker, TorchDistributedTransport
-from .loader import WeightReader, stderr_progress
+from .loader import RandomWeightReader, WeightReader, stderr_progress
 from .model import DecoderModel
 from .models import graph_model_class
 from .options import WorkerOptions
@@ -171,7 +171,10 @@ def _load_decoder(
     if not dummy:
         rename = layout.rename if layout else None
         progress = stderr_progress() if opts.progress and (tp is None or tp.is_driver) else None
-        reader = WeightReader(model_dir, dtype, device, progress, rename)
+        if opts.load_format == "dummy":
+            reader = RandomWeightReader(config, dtype, device, opts.seed)
+        else:
+            reader = WeightReader(model_dir, dtype, device, progress, rename)
         model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp)
         reader.close()
     num_blocks = _num_blocks(opts, local, dtype, device)

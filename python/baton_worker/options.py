@@ -3,7 +3,7 @@
 python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     --block-size N [--num-blocks N] [--kv-cache-memory-bytes B]
     [--max-model-len L] [--dtype auto|float32|bfloat16|float16]
-    [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy-null]
+    [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy|dummy-null]
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
 
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-LOAD_FORMATS = ("auto", "dummy-null")
+LOAD_FORMATS = ("auto", "dummy", "dummy-null")
 EXECUTOR_BACKENDS = ("mp", "ray")
 
 

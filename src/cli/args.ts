@@ -156,7 +156,7 @@ const DTYPES: Record<string, Dtype> = {
   half: "float16",
 };
 const DEVICES: readonly Device[] = ["auto", "cpu", "cuda"];
-const LOAD_FORMATS: readonly LoadFormat[] = ["auto", "dummy-null"];
+const LOAD_FORMATS: readonly LoadFormat[] = ["auto", "dummy", "dummy-null"];
 const EXECUTOR_BACKENDS: readonly DistributedExecutorBackend[] = ["mp", "ray"];
 
 /**
@@ -400,7 +400,10 @@ Options (vLLM's names; --flag value or --flag=value):
   --dtype auto|float32|bfloat16|float16   weight and activation dtype (default auto)
   --device auto|cpu|cuda           where the model runs (default auto)
   --seed N                         seed of the worker's global sampler (default ${SERVE_DEFAULTS.seed})
-  --load-format auto|dummy-null    dummy-null: skip loading weights (for tests and benchmarks)
+  --load-format auto|dummy|dummy-null
+                                   dummy: random decoder weights of the config's shapes, no
+                                   weight files; dummy-null: no model at all, each token is
+                                   the last + 1 (both for tests and benchmarks)
   --no-enable-prefix-caching       turn prefix caching off
   --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
   --no-engine-thread               run the engine core on the HTTP server's event loop instead of

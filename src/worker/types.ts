@@ -5,7 +5,8 @@ import { ExecutorLostError, type StepExecutor } from "../engine/types.js";
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type Device = "auto" | "cpu" | "cuda";
-export type LoadFormat = "auto" | "dummy-null";
+/** auto: the weight files; dummy: random decoder weights of the config's shapes (no files); dummy-null: no model at all. */
+export type LoadFormat = "auto" | "dummy" | "dummy-null";
 export type DistributedExecutorBackend = "mp" | "ray";
 
 export interface WorkerOptions {

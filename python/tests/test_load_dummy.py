@@ -1,0 +1,78 @@
+"""--load-format dummy: random decoder weights from the config alone. The worker
+must build the same model transformers builds from those weights (names and
+shapes right for every architecture variant), and a seed must name one model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from baton_worker.config import load_model_config
+from baton_worker.loader import RandomWeightReader
+from baton_worker.loading import load_worker
+from baton_worker.options import WorkerOptions
+from baton_worker.protocol import SamplingParams
+from engine_sim import EngineSim, SimRequest
+from hf_reference import hf_greedy
+from random_models import make_model_dir
+
+CASES = [("llama", 0), ("qwen2", 3), ("qwen3", 0), ("mistral", 0)]  # tied/untied, qkv bias, q/k norm, sliding window
+PROMPTS = [[3, 17, 42], [7] * 11, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]]
+
+
+def _config_only(tmp_path, arch, variant):
+    full = make_model_dir(arch, tmp_path / "full", variant)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        if (full / name).exists():
+            shutil.copy(full / name, bare / name)
+    return bare
+
+
+def _worker_greedy(model_dir, seed):
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=64, load_format="dummy", seed=seed, dtype="float32")
+    loaded = load_worker(opts)
+    sim = EngineSim(loaded.runner, 4, 64, token_budget=7)
+    requests = [SimRequest(i, p, 8, SamplingParams(temperature=0.0), arrive_step=i) for i, p in enumerate(PROMPTS)]
+    sim.run(requests)
+    return [r.output for r in requests]
+
+
+@pytest.mark.parametrize("arch,variant", CASES, ids=[f"{a}-v{v}" for a, v in CASES])
+def test_dummy_weights_are_the_model_transformers_builds_from_them(tmp_path, arch, variant):
+    import transformers
+
+    bare = _config_only(tmp_path, arch, variant)
+    assert not list(bare.glob("*.safetensors"))
+    got = _worker_greedy(bare, seed=5)
+    reader = RandomWeightReader(load_model_config(bare), torch.float32, torch.device("cpu"), seed=5)
+    hf_config = transformers.AutoConfig.from_pretrained(str(bare))
+    model = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
+    state = {name: reader.get(name) for name in model.state_dict() if reader.has(name)}
+    missing = set(model.state_dict()) - set(state)
+    # A tied head is the embedding; nothing else may be left out.
+    assert missing <= ({"lm_head.weight"} if hf_config.tie_word_embeddings else set()), missing
+    assert set(reader.shapes) <= set(model.state_dict()), set(reader.shapes) - set(model.state_dict())
+    model.load_state_dict(state, strict=False)
+    if hf_config.tie_word_embeddings:
+        model.tie_weights()
+    assert got == hf_greedy(None, PROMPTS, 8, model=model)
+
+
+def test_a_seed_names_one_model(tmp_path):
+    bare = _config_only(tmp_path, "qwen3", 0)
+    first = _worker_greedy(bare, seed=1)
+    assert _worker_greedy(bare, seed=1) == first
+    assert _worker_greedy(bare, seed=2) != first
+
+
+def test_dummy_needs_a_complete_config(tmp_path):
+    # Unlike dummy-null, the shapes come from the config: a partial one is refused, naming what is missing.
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 1000}))
+    opts = WorkerOptions(model=str(tmp_path), in_endpoint="", out_endpoint="", block_size=4, num_blocks=8, load_format="dummy")
+    with pytest.raises(Exception, match="hidden_size"):
+        load_worker(opts)
