@@ -1,0 +1,203 @@
+"""Decode ms/step against the memory-bandwidth roofline (issue 9's GPU check).
+
+Drives the worker's StepRunner directly (no engine, no sockets, so no Node or
+pyzmq on the GPU machine) on a random-weight model of a real shape
+(--load-format dummy: the weights come from the config, no files): for each
+batch size B, B requests with --prompt-len random prompt tokens are prefilled,
+then --steps decode steps for all B rows are timed (median), and the roofline
+is what one decode step must read from HBM at --hbm-gbps:
+
+  weights (every parameter but the embedding table, of which B rows are read)
+  + KV read (each row's whole context, K and V, every layer) + KV written
+
+  efficiency = roofline ms / measured ms   (issue 9's goal: >= 0.85 at B=1)
+
+--profile also records a few decode steps with torch.profiler and prints the
+GPU's idle time between one step's last kernel and the next step's first
+(the gap the host's Python leaves), and writes a Chrome trace.
+
+  python bench/gpu_decode.py --preset llama3-8b --device cuda --batch 1 2 4 8 16 32 64 128 256 --profile
+  python bench/gpu_decode.py --preset tiny --device cpu --batch 1 4   # the script's own check, anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "python"))
+
+from baton_worker.loading import load_worker, resolve_device  # noqa: E402
+from baton_worker.options import WorkerOptions  # noqa: E402
+from baton_worker.protocol import AddedRequest, SamplingParams, Step  # noqa: E402
+
+PRESETS = {
+    # Meta-Llama-3-8B's shape.
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False),
+    # Small enough for a CPU: checks the script, not the hardware.
+    "tiny": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True),
+}
+
+
+def model_dir(preset: str, out: Path) -> Path:
+    shape = dict(PRESETS[preset])
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5, "hidden_act": "silu",
+              "attention_bias": False, "mlp_bias": False, "bos_token_id": None, "eos_token_id": None, "dtype": "bfloat16",
+              "rope_parameters": {"rope_type": "default", "rope_theta": shape.pop("rope_theta")}, **shape}
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def i32(values) -> np.ndarray:
+    return np.asarray(values, np.int32)
+
+
+class Session:
+    """Adds, steps and removes requests the way the engine would, on one runner."""
+
+    def __init__(self, runner, block_size: int, num_blocks: int):
+        self.runner, self.block_size = runner, block_size
+        self.free = list(range(num_blocks - 1, -1, -1))
+        self.step_id = 0
+        self.next_req = 0
+
+    def run(self, batch: int, prompt_len: int, steps: int, vocab: int, on_step=None) -> list[float]:
+        """Prefills `batch` requests, times `steps` decode steps (ms each), removes them."""
+        rng = np.random.default_rng(self.next_req)
+        ids = list(range(self.next_req, self.next_req + batch))
+        self.next_req += batch
+        pages = {i: [] for i in ids}
+        length = {i: prompt_len for i in ids}
+        greedy = SamplingParams(temperature=0.0)
+        per_step = max(1, 4096 // prompt_len)
+        for first in range(0, batch, per_step):
+            chunk = ids[first : first + per_step]
+            added = [AddedRequest(i, i32(rng.integers(0, vocab, prompt_len)), prompt_len, greedy) for i in chunk]
+            self._step(added, [(i, prompt_len, 0) for i in chunk], pages, length)
+        times = []
+        for n in range(steps):
+            if on_step is not None:
+                on_step(n)
+            t0 = time.perf_counter()
+            self._step([], [(i, 1, length[i] - 1) for i in ids], pages, length)
+            times.append((time.perf_counter() - t0) * 1e3)
+        removed = Step(self.step_id, [], i32(ids), i32([]), i32([]), i32([]), i32([]), i32([]), np.zeros(0, np.uint8))
+        self.step_id += 1
+        self.runner.execute(removed)
+        for i in ids:
+            self.free += pages[i]
+        return times
+
+    def _step(self, added, rows, pages, length) -> None:
+        counts, blocks = [], []
+        for req, n, computed in rows:
+            need = max(-(-(computed + n) // self.block_size) - len(pages[req]), 0)
+            got = [self.free.pop() for _ in range(need)]
+            pages[req] += got
+            counts.append(need)
+            blocks += got
+        step = Step(self.step_id, added, i32([]), i32([r[0] for r in rows]), i32([r[1] for r in rows]), i32([r[2] for r in rows]),
+                    i32(counts), i32(blocks), np.ones(len(rows), np.uint8))
+        self.step_id += 1
+        result = self.runner.execute(step)  # returns once the sampled tokens are on the host
+        for req in result.req_ids.tolist():
+            length[req] += 1
+
+
+def roofline_bytes(config, batch: int, context: int, dtype_bytes: int) -> tuple[int, int]:
+    """(weight bytes, KV bytes) one decode step at `batch` rows of `context` tokens must move."""
+    h, v, layers = config.hidden_size, config.vocab_size, config.num_layers
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size + 2 * h
+    weights = layers * per_layer + h + v * h + batch * h  # layers, final norm, head, B embedding rows
+    kv_bytes = layers * 2 * kv * dtype_bytes * batch * (context + 1)  # read the context, write the new token
+    return weights * dtype_bytes, kv_bytes
+
+
+def idle_gaps(prof, step_marks: list[str]) -> dict:
+    """GPU idle time between consecutive decode steps, from the kernels' start/end times."""
+    kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not kernels:
+        return {"kernels": 0}
+    busy, last_end, gaps = 0.0, kernels[0][0], []
+    for start, end in kernels:
+        if start > last_end:
+            gaps.append(start - last_end)
+        busy += max(0.0, end - max(start, last_end))
+        last_end = max(last_end, end)
+    span = last_end - kernels[0][0]
+    big = sorted(gaps, reverse=True)[: len(step_marks)]
+    return {"kernels": len(kernels), "span_us": span, "busy_fraction": busy / span if span else 0.0,
+            "largest_gaps_us": [round(g, 1) for g in big]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="llama3-8b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--hbm-gbps", type=float, default=4800.0, help="memory bandwidth, GB/s (H200: 4800)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler over a few decode steps at the first batch size")
+    parser.add_argument("--trace", default="gpu_decode_trace.json")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = model_dir(args.preset, Path(tmp))
+        pages = -(-(args.prompt_len + args.steps + 4) // args.block_size)
+        num_blocks = max(args.batch) * pages + 16
+        opts = WorkerOptions(model=str(model), in_endpoint="", out_endpoint="", block_size=args.block_size, num_blocks=num_blocks,
+                             dtype=args.dtype, device=args.device, load_format="dummy", seed=0)
+        t0 = time.perf_counter()
+        loaded = load_worker(opts)
+        device = resolve_device(args.device)
+        dtype = getattr(torch, args.dtype)
+        print(f"{args.preset} ({args.dtype}, random weights) on {device}: loaded in {time.perf_counter() - t0:.1f} s, "
+              f"{num_blocks} KV blocks of {args.block_size}, CUDA graphs: {loaded.runner.graphs is not None}", flush=True)
+        config, runner = loaded.config, loaded.runner
+        session = Session(runner, args.block_size, num_blocks)
+        session.run(min(args.batch), args.prompt_len, 3, config.vocab_size)  # warm-up (kernels, graphs, allocator)
+        dtype_bytes = torch.finfo(dtype).bits // 8
+        rows = []
+        print(f"{'B':>5} {'ms/step':>9} {'roofline ms':>12} {'efficiency':>10} {'tok/s':>10} {'weights GB':>10} {'KV GB':>8}")
+        for batch in args.batch:
+            times = session.run(batch, args.prompt_len, args.steps, config.vocab_size)
+            ms = statistics.median(times[2:] if len(times) > 4 else times)
+            context = args.prompt_len + args.steps // 2
+            weights, kv = roofline_bytes(config, batch, context, dtype_bytes)
+            roof = (weights + kv) / (args.hbm_gbps * 1e9) * 1e3
+            row = {"batch": batch, "ms_per_step": round(ms, 3), "roofline_ms": round(roof, 3), "efficiency": round(roof / ms, 3),
+                   "tokens_per_s": round(batch / ms * 1e3, 1), "weight_gb": round(weights / 1e9, 3), "kv_gb": round(kv / 1e9, 3)}
+            rows.append(row)
+            print(f"{batch:>5} {ms:>9.3f} {roof:>12.3f} {roof / ms:>10.3f} {row['tokens_per_s']:>10.1f} {row['weight_gb']:>10.3f} {row['kv_gb']:>8.3f}", flush=True)
+        if args.profile:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            marks: list[str] = []
+            with profile(activities=activities) as prof:
+                session.run(args.batch[0], args.prompt_len, 8, config.vocab_size, on_step=lambda n: marks.append(f"step {n}"))
+            prof.export_chrome_trace(args.trace)
+            print(f"profile at B={args.batch[0]} (8 decode steps, prefill included): {json.dumps(idle_gaps(prof, marks))}; trace: {args.trace}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"preset": args.preset, "dtype": args.dtype, "device": str(device),
+                                                   "hbm_gbps": args.hbm_gbps, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
