@@ -582,7 +582,7 @@ export class EngineCore {
       if (message.sample[i] === 0) continue;
       const request = out.requests[i] as Request;
       const token = result.token_ids[k] as number;
-      const logprob = request.sampling.logprobs >= 0 ? tokenLogprob(result, k, token, topAt) : null;
+      const logprob = request.numLogprobs >= 0 ? tokenLogprob(result, k, token, topAt) : null;
       if (result.top_counts !== null) topAt += result.top_counts[k] as number;
       k++;
       // Aborted while the step ran, or stopped one step earlier (overlap): the token is dropped.

@@ -16,41 +16,31 @@ export type KvLoadState = "none" | "pending" | "loading" | "done" | "failed";
 export const NO_WIRE_ID = -1;
 
 export class Request {
-  readonly id: string;
-  readonly sampling: SamplingParams;
-  readonly stop: StopConditions;
-  readonly priority: number;
-  readonly arrivalMs: number;
-  readonly onOutput: OutputCallback;
-  /** Offered each plain token before onOutput (EngineCore.processResult); null: every token goes to onOutput. */
-  readonly onToken: TokenCallback | null;
-  /** Structured output: the grammar of its answer (null: unconstrained). */
-  readonly grammar: RequestGrammar | null;
-  /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
-  readonly promptLogprobs: number;
-  /** Image token runs of a vision-language prompt (empty: none), hashed into the block hashes. */
-  readonly media: readonly MediaSpan[];
-  /** EngineRequest.embedsHandle, -1 when none. */
-  readonly embeds: number;
-  /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
-  readonly promptLogprobEntries: PromptTokenLogprob[] = [];
-  promptLogprobsSent = false;
-  /** Engine-clock times (performance.now() in the engine's thread) for RequestTiming; -1 until they happen. */
-  readonly submittedMs: number;
-  firstScheduledMs = -1;
-  firstTokenMs = -1;
-  lastTokenMs = -1;
-
-  readonly numPromptTokens: number;
+  // Fields are laid out in declaration order: the ones every step reads for
+  // every request (schedule, build, results) come first, so a request's hot
+  // state spans as few cache lines as it can.
+  status: RequestStatus = "waiting";
   /** Prompt followed by every sampled token: what the worker is told when the request is added. */
   readonly tokenIds: number[];
   readonly outputIds: number[] = [];
-
-  status: RequestStatus = "waiting";
-  /** Small int naming the request on the wire while the worker knows it; NO_WIRE_ID otherwise. */
-  wireId = NO_WIRE_ID;
+  /**
+   * Sampled rows scheduled for this request whose token has not come back yet
+   * (overlap scheduling: at most the step in flight plus the one being built).
+   * The worker already has these tokens, so the scheduler counts them as known.
+   */
+  numInFlightSamples = 0;
   /** Tokens whose KV is (or, once the scheduled step runs, will be) computed. */
   numComputedTokens = 0;
+  /** StopConditions.maxTokens and minTokens, and every id that stops it (EOS unless ignoreEos, then the stop ids). */
+  readonly maxTokens: number;
+  readonly minTokens: number;
+  readonly stopIds: readonly number[];
+  /** SamplingParams.logprobs: -1 none, k >= 0 the sampled token's logprob and k alternatives. */
+  readonly numLogprobs: number;
+  /** Offered each plain token before onOutput (EngineCore.processResult); null: every token goes to onOutput. */
+  readonly onToken: TokenCallback | null;
+  /** Small int naming the request on the wire while the worker knows it; NO_WIRE_ID otherwise. */
+  wireId = NO_WIRE_ID;
   /** Block table: block i holds the KV of positions [i*blockSize, (i+1)*blockSize). */
   blockIds: number[] = [];
   /** How many of blockIds the worker already has (blocks cross the wire once). */
@@ -61,13 +51,31 @@ export class Request {
   readonly blockHashes: number[] = [];
   /** Prompt tokens served from the prefix cache at first admission; -1 before admission. */
   numCachedTokens = -1;
+  /** -1: none; k >= 0: prompt logprobs with k alternatives (EngineRequest.promptLogprobs). */
+  readonly promptLogprobs: number;
+  promptLogprobsSent = false;
+  /** Engine-clock times (performance.now() in the engine's thread) for RequestTiming; -1 until they happen. */
+  firstTokenMs = -1;
+  lastTokenMs = -1;
+  /** Image token runs of a vision-language prompt (empty: none), hashed into the block hashes. */
+  readonly media: readonly MediaSpan[];
+
+  readonly id: string;
+  readonly sampling: SamplingParams;
+  readonly stop: StopConditions;
+  readonly priority: number;
+  readonly arrivalMs: number;
+  readonly onOutput: OutputCallback;
+  /** Structured output: the grammar of its answer (null: unconstrained). */
+  readonly grammar: RequestGrammar | null;
+  /** EngineRequest.embedsHandle, -1 when none. */
+  readonly embeds: number;
+  /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
+  readonly promptLogprobEntries: PromptTokenLogprob[] = [];
+  readonly submittedMs: number;
+  firstScheduledMs = -1;
+  readonly numPromptTokens: number;
   numPreemptions = 0;
-  /**
-   * Sampled rows scheduled for this request whose token has not come back yet
-   * (overlap scheduling: at most the step in flight plus the one being built).
-   * The worker already has these tokens, so the scheduler counts them as known.
-   */
-  numInFlightSamples = 0;
   /** Worker deaths this request was carried over (recomputed on the next worker). */
   numMigrations = 0;
   /**
@@ -87,6 +95,10 @@ export class Request {
     this.id = req.id;
     this.sampling = req.sampling;
     this.stop = req.stop;
+    this.maxTokens = req.stop.maxTokens;
+    this.minTokens = req.stop.minTokens;
+    this.stopIds = req.stop.ignoreEos ? req.stop.stopTokenIds : [...req.stop.eosTokenIds, ...req.stop.stopTokenIds];
+    this.numLogprobs = req.sampling.logprobs;
     this.priority = req.priority;
     this.arrivalMs = req.arrivalMs;
     this.onOutput = onOutput;

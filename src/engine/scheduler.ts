@@ -142,7 +142,7 @@ export class Scheduler {
       const request = this.running[i] as Request;
       const known = request.numTokensWithInFlight;
       // Its in-flight token(s) end it on length: nothing more to compute.
-      const done = request.numInFlightSamples > 0 && (request.numOutputTokens + request.numInFlightSamples >= request.stop.maxTokens || known >= this.maxLen);
+      const done = request.numInFlightSamples > 0 && (request.numOutputTokens + request.numInFlightSamples >= request.maxTokens || known >= this.maxLen);
       const numNew = done ? 0 : Math.min(known - request.numComputedTokens, budget);
       if (numNew <= 0) {
         i++;

@@ -25,12 +25,11 @@ const LENGTH: StopResult = Object.freeze({ reason: "length", stopTokenId: null }
 export function checkStop(request: Request, maxModelLen: number): StopResult | null {
   const numOutput = request.numOutputTokens;
   if (numOutput === 0) return null;
-  const stop = request.stop;
-  if (numOutput >= stop.minTokens) {
+  // The request's own copies of its stop conditions (Request.stopIds: EOS unless ignoreEos, then the stop ids).
+  if (numOutput >= request.minTokens && request.stopIds.length > 0) {
     const last = request.outputIds[numOutput - 1] as number;
-    if (!stop.ignoreEos && stop.eosTokenIds.includes(last)) return { reason: "stop", stopTokenId: last };
-    if (stop.stopTokenIds.includes(last)) return { reason: "stop", stopTokenId: last };
+    if (request.stopIds.includes(last)) return { reason: "stop", stopTokenId: last };
   }
-  if (numOutput >= stop.maxTokens || request.numTokens >= maxModelLen) return LENGTH;
+  if (numOutput >= request.maxTokens || request.numTokens >= maxModelLen) return LENGTH;
   return null;
 }

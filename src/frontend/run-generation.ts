@@ -247,6 +247,7 @@ export function streamGeneration(
     let pendingIds: number[] = [];
     let pendingLogprobs: ResolvedLogprob[] = [];
     let pendingPromptLogprobs: ResolvedPromptLogprob[] | null = null;
+    const wantsLogprobs = spec.request.sampling.logprobs >= 0;
     const generation = newGeneration(ctx, spec, req, {
       onDelta(delta) {
         if (ended) return;
@@ -254,12 +255,12 @@ export function streamGeneration(
         if (delta.logprobs) pendingLogprobs = pendingLogprobs.concat(delta.logprobs);
         if (delta.promptLogprobs) pendingPromptLogprobs = delta.promptLogprobs;
         if (delta.text === "" && delta.finishReason === null) return;
-        const chunk = format.delta(spec.index, {
-          ...delta,
-          tokenIds: pendingIds,
-          logprobs: spec.request.sampling.logprobs >= 0 ? pendingLogprobs : null,
-          promptLogprobs: pendingPromptLogprobs,
-        });
+        // Nothing held back and no logprobs (a plain stream's every token): the delta as it came, no copy.
+        const asIs = pendingIds === delta.tokenIds && delta.logprobs === null && pendingPromptLogprobs === delta.promptLogprobs && !wantsLogprobs;
+        const chunk = format.delta(
+          spec.index,
+          asIs ? delta : { ...delta, tokenIds: pendingIds, logprobs: wantsLogprobs ? pendingLogprobs : null, promptLogprobs: pendingPromptLogprobs },
+        );
         if (chunk === null) return;
         if (Array.isArray(chunk)) for (const c of chunk) sse.send(c);
         else sse.send(chunk);
