@@ -622,10 +622,8 @@ export class GraphEngine implements LaneListener {
       return;
     }
     const n = out.newTokenIds.length;
-    if (req.carryLeft > 0 && req.carryNode === node && n === 1 && !out.finished && req.pending.length === 0) {
+    if (n === 1 && !out.finished && takeCarried(req, node)) {
       // One more iteration of a decode loop the conductor handed over: the output is the client's as it is.
-      req.carryLeft--;
-      req.carried++;
       deliverOutput(req, out);
       return;
     }
@@ -651,9 +649,7 @@ export class GraphEngine implements LaneListener {
 
   /** onCoreOutput's carry case for a plain token, before the engine core builds an output for it. */
   private onCoreToken(node: CompiledNode, req: LiveRequest, token: number, numCachedTokens: number): boolean {
-    if (req.carryLeft === 0 || req.carryNode !== node || req.ended || req.kvStopped || req.pending.length > 0) return false;
-    req.carryLeft--;
-    req.carried++;
+    if (req.ended || req.kvStopped || !takeCarried(req, node)) return false;
     try {
       (req.onToken as TokenCallback)(token, numCachedTokens);
     } catch {
@@ -960,6 +956,14 @@ function sameOutput(core: RequestOutput, tokens: readonly number[], req: LiveReq
 }
 
 /** A text client's output; its own call site (not callSafely's), so the engine's hottest call stays monomorphic. */
+/** One more iteration of a decode loop the conductor handed over, when it has one left for this node and nothing is pending: counted here. */
+function takeCarried(req: LiveRequest, node: CompiledNode): boolean {
+  if (req.carryLeft === 0 || req.carryNode !== node || req.pending.length > 0) return false;
+  req.carryLeft--;
+  req.carried++;
+  return true;
+}
+
 function deliverOutput(req: LiveRequest, output: RequestOutput): void {
   try {
     req.onOutput!(output);
