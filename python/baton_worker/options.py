@@ -6,6 +6,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy|dummy-null]
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
+    [--host-workers N]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
