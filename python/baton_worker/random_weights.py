@@ -10,6 +10,9 @@ output: changing it changes every demo weight (and the golden traces).
 
 from __future__ import annotations
 
+import argparse
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,3 +71,13 @@ def write_if_changed(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
+
+
+def build_cli(prog: str, description: str, build: Callable[[Path], Path], argv: list[str] | None = None) -> int:
+    """A demo model builder's command line: --out DIR, then one JSON line naming the directory (setup reads it)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", required=True, type=Path)
+    args = parser.parse_args(argv)
+    build(args.out)
+    print(json.dumps({"model_dir": str(args.out)}))
+    return 0

@@ -14,14 +14,13 @@ image takes a few milliseconds per denoise step on one CPU core.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 from safetensors.torch import save
 
-from ...random_weights import write_if_changed
+from ...random_weights import build_cli, write_if_changed
 from .networks import random_weights
 from .spec import DemoImageSpec
 
@@ -38,12 +37,7 @@ def build(out: Path, spec: DemoImageSpec | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m baton_worker.models.demo_image.build", description="build the demo image model")
-    parser.add_argument("--out", required=True, type=Path)
-    args = parser.parse_args(argv)
-    build(args.out)
-    print(json.dumps({"model_dir": str(args.out)}))
-    return 0
+    return build_cli("python -m baton_worker.models.demo_image.build", "build the demo image model", build, argv)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ sampling (T = 1) end anywhere from a hundred tokens to past the cap.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from ...random_weights import DecoderShape, random_decoder_weights, write_if_changed
+from ...random_weights import build_cli, DecoderShape, random_decoder_weights, write_if_changed
 from .codec import random_codec_weights
 from .spec import DemoTTSSpec
 from .text import tokenizer_config, tokenizer_json
@@ -119,12 +118,7 @@ def build(out: Path, spec: DemoTTSSpec | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m baton_worker.models.demo_tts.build", description="build the demo TTS model")
-    parser.add_argument("--out", required=True, type=Path)
-    args = parser.parse_args(argv)
-    build(args.out)
-    print(json.dumps({"model_dir": str(args.out)}))
-    return 0
+    return build_cli("python -m baton_worker.models.demo_tts.build", "build the demo TTS model", build, argv)
 
 
 if __name__ == "__main__":
