@@ -181,6 +181,9 @@ const greedy = {
   repetition_penalty: 1.0,
   min_tokens: 0,
   suppress_token_ids: [],
+  allowed_token_ids: [],
+  logit_bias_ids: [],
+  logit_bias_values: [],
   logprobs: -1,
 };
 
@@ -216,6 +219,9 @@ const vectors = {
             repetition_penalty: 1.1,
             min_tokens: 2,
             suppress_token_ids: [151643, 151645],
+            allowed_token_ids: [],
+            logit_bias_ids: [17, 30, 151645],
+            logit_bias_values: [2.5, -100, -0.75],
             logprobs: 5,
           },
           prompt_logprobs: 2,

@@ -1,7 +1,8 @@
 """Sampling on the worker, with vLLM semantics, batched over the step's rows.
 
 Order per row: raw logprobs (for the response) from log_softmax of the raw
-logits; min_tokens suppression; repetition penalty (prompt + output tokens),
+logits; allowed_token_ids (every other token to -inf) and logit_bias;
+min_tokens suppression; repetition penalty (prompt + output tokens),
 frequency and presence penalties (output tokens only); then greedy argmax when
 temperature is 0, else temperature, min-p, top-k, top-p and an inverse-CDF draw
 with one uniform number per row. A seeded row's number is a hash of its seed
@@ -106,6 +107,18 @@ def suppresses(state: RequestState) -> bool:
     return state.num_output_tokens < s.min_tokens and len(s.suppress_token_ids) > 0
 
 
+def biases(state: RequestState) -> bool:
+    """allowed_token_ids or logit_bias: the request's logits change before it samples."""
+    s = state.sampling
+    return len(s.allowed_token_ids) > 0 or len(s.logit_bias_ids) > 0
+
+
+def edits_logits(state: RequestState) -> bool:
+    """Whether the raw logits are edited before the row samples (so a greedy row
+    cannot take the plain argmax)."""
+    return has_penalties(state) or suppresses(state) or biases(state)
+
+
 @dataclass
 class _Block:
     """Consecutive non-greedy rows of the scratch buffer drawn the same way."""
@@ -132,11 +145,11 @@ class Sampler:
             return SampleOutput(np.zeros(0, np.int32), None, None, None, None)
         if token_mask is not None:
             apply_token_bitmask(logits, token_mask.rows, token_mask.bitmask)
-        greedy, hot = [], []  # penalised or suppressed greedy rows; the rest that are not greedy
+        greedy, hot = [], []  # greedy rows whose logits are edited; the rows that are not greedy
         for i, st in enumerate(states):
             if not is_greedy(st):
                 hot.append(i)
-            elif has_penalties(st) or suppresses(st):
+            elif edits_logits(st):
                 greedy.append(i)
         if greedy or hot:
             tokens = self._sample_processed(logits, states, greedy, hot)
@@ -163,7 +176,7 @@ class Sampler:
         laid = [states[i] for i in order]
         identity = len(order) == n and order == list(range(n))
         work = self._scratch_rows(len(order), logits)
-        edits = any(has_penalties(st) or suppresses(st) for st in laid)
+        edits = any(edits_logits(st) for st in laid)
         hot_temps = [states[i].sampling.temperature for i in order[len(greedy) :]]
         temps = torch.tensor(hot_temps, dtype=logits.dtype, device=device)
         unit = all(t == 1.0 for t in hot_temps)  # x / 1.0 == x: no division to do
@@ -177,6 +190,7 @@ class Sampler:
         else:
             torch.index_select(logits, 0, _index(order, device), out=work)
         if edits:
+            _allow_and_bias(work, laid)
             _suppress(work, laid)
             self.penalty_counts.apply(work, laid)
 
@@ -458,6 +472,29 @@ def _row_sums(weights: torch.Tensor, exact: list[bool]) -> torch.Tensor:
         if alone:
             sums[j] = weights[j].sum()
     return sums
+
+
+def _allow_and_bias(work: torch.Tensor, states: list[RequestState]) -> None:
+    """allowed_token_ids: every other token of the row gets -inf; logit_bias: each
+    bias is added to its token's logit (one index_add_ over the rows that have one)."""
+    vocab = work.shape[1]
+    flat, added = [], []
+    for i, st in enumerate(states):
+        s = st.sampling
+        if len(s.allowed_token_ids):
+            ids = np.asarray(s.allowed_token_ids, dtype=np.int64)
+            ids = torch.as_tensor(ids[ids < vocab], device=work.device)
+            row = work[i]
+            kept = row.index_select(0, ids)
+            row.fill_(float("-inf")).index_copy_(0, ids, kept)
+        if len(s.logit_bias_ids):
+            ids = np.asarray(s.logit_bias_ids, dtype=np.int64)
+            inside = ids < vocab
+            flat.append(ids[inside] + i * vocab)
+            added.append(np.asarray(s.logit_bias_values, dtype=np.float32)[inside])
+    if flat:
+        values = torch.as_tensor(np.concatenate(added), device=work.device).to(work.dtype)
+        work.view(-1).index_add_(0, torch.as_tensor(np.concatenate(flat), device=work.device), values)
 
 
 def _suppress(work: torch.Tensor, states: list[RequestState]) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 
 
 @dataclass
@@ -24,7 +24,9 @@ class SamplingParams:
 
     seed nil: the worker's global generator; otherwise a per-request generator seeded once, so the output does not depend on the rest of the batch.
 
-    suppress_token_ids are masked out while the request has fewer than min_tokens output tokens."""
+    suppress_token_ids are masked out while the request has fewer than min_tokens output tokens.
+
+    allowed_token_ids, when not empty, are the only tokens the request may sample (vLLM's allowed_token_ids); logit_bias_values[i] is added to the logit of token logit_bias_ids[i] (OpenAI's logit_bias, ids distinct). Both apply after the raw logprobs are taken and before min_tokens suppression and the penalties."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -36,6 +38,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     suppress_token_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    allowed_token_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    logit_bias_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    logit_bias_values: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.float32))
     logprobs: int = -1
 
 
@@ -292,6 +297,9 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("repetition_penalty", "float", False, None),
         ("min_tokens", "int", False, None),
         ("suppress_token_ids", "i32[]", False, None),
+        ("allowed_token_ids", "i32[]", False, None),
+        ("logit_bias_ids", "i32[]", False, None),
+        ("logit_bias_values", "f32[]", False, None),
         ("logprobs", "int", False, None),
     ),
     "AddedRequest": (

@@ -1,9 +1,12 @@
 """Reference greedy outputs from transformers, for parity tests.
 
-Library:  hf_greedy(model_dir, prompts, max_new_tokens, dtype=None) -> list[list[int]]
+Library:  hf_greedy(model_dir, prompts, max_new_tokens, dtype=None, logit_bias=None, allowed_token_ids=None) -> list[list[int]]
 CLI:      python python/tests/hf_reference.py --model DIR --input in.json --output out.json [--dtype float32]
 
-in.json  = {"prompts": [[ids...], ...], "max_new_tokens": N}
+in.json  = {"prompts": [[ids...], ...], "max_new_tokens": N, "logit_bias"?: {"id": bias}, "allowed_token_ids"?: [ids...]}
+
+logit_bias runs as transformers' sequence_bias (one-token sequences), allowed_token_ids
+as its prefix_allowed_tokens_fn.
 out.json = {"outputs": [[ids...], ...]}
 
 Each prompt runs alone (no padding) through model.generate(do_sample=False),
@@ -30,10 +33,23 @@ def load_model(model_dir: str | Path, dtype: str | None = None):
     return model
 
 
-def hf_greedy(model_dir, prompts: list[list[int]], max_new_tokens: int, dtype: str | None = None, model=None):
+def hf_greedy(
+    model_dir,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    dtype: str | None = None,
+    model=None,
+    logit_bias: dict[int, float] | None = None,
+    allowed_token_ids: list[int] | None = None,
+):
     import torch
 
     model = model or load_model(model_dir, dtype)
+    extra = {}
+    if logit_bias:
+        extra["sequence_bias"] = {(int(token),): float(bias) for token, bias in logit_bias.items()}
+    if allowed_token_ids:
+        extra["prefix_allowed_tokens_fn"] = lambda _batch, _ids: list(allowed_token_ids)
     outputs = []
     with torch.no_grad():
         for prompt in prompts:
@@ -44,6 +60,7 @@ def hf_greedy(model_dir, prompts: list[list[int]], max_new_tokens: int, dtype: s
                 do_sample=False,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=model.generation_config.pad_token_id or 0,
+                **extra,
             )
             outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
@@ -57,7 +74,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"))
     args = parser.parse_args(argv)
     spec = json.loads(Path(args.input).read_text())
-    outputs = hf_greedy(args.model, spec["prompts"], int(spec["max_new_tokens"]), args.dtype)
+    outputs = hf_greedy(
+        args.model,
+        spec["prompts"],
+        int(spec["max_new_tokens"]),
+        args.dtype,
+        logit_bias=spec.get("logit_bias"),
+        allowed_token_ids=spec.get("allowed_token_ids"),
+    )
     Path(args.output).write_text(json.dumps({"outputs": outputs}))
     return 0
 

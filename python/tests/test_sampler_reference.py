@@ -50,6 +50,8 @@ def _needs_processing(state: RequestState) -> bool:
         or s.frequency_penalty != 0.0
         or s.presence_penalty != 0.0
         or (state.num_output_tokens < s.min_tokens and len(s.suppress_token_ids) > 0)
+        or len(s.allowed_token_ids) > 0
+        or len(s.logit_bias_ids) > 0
     )
 
 
@@ -77,6 +79,12 @@ class ReferenceSampler:
     def _sample_row(self, raw: torch.Tensor, state: RequestState) -> int:
         s = state.sampling
         logits = raw.clone()
+        if len(s.allowed_token_ids):
+            mask = torch.full_like(logits, float("-inf"))
+            mask[torch.as_tensor(np.asarray(s.allowed_token_ids, dtype=np.int64))] = 0.0
+            logits = logits + mask
+        for token, bias in zip(s.logit_bias_ids.tolist(), np.asarray(s.logit_bias_values, np.float32)):
+            logits[token] += torch.tensor(bias)
         if state.num_output_tokens < s.min_tokens and len(s.suppress_token_ids) > 0:
             ids = torch.as_tensor(np.asarray(s.suppress_token_ids, dtype=np.int64), device=logits.device)
             logits[ids[ids < logits.numel()]] = float("-inf")
@@ -201,8 +209,9 @@ CPU = torch.device("cpu")
 
 
 def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
-    """A mix of everything: greedy or hot, seeded or not, restrictions, penalties, min_tokens, logprobs."""
+    """A mix of everything: greedy or hot, seeded or not, restrictions, allowed tokens, logit bias, penalties, min_tokens, logprobs."""
     greedy = rng.random() < 0.2
+    bias_ids = rng.choice([[], [], rng.sample(range(vocab), 6)])
     return SamplingParams(
         temperature=0.0 if greedy else rng.choice([0.5, 0.8, 1.0, 1.5]),
         top_k=rng.choice([0, 0, 1, 5, 40, 40, 300]),
@@ -214,6 +223,9 @@ def _random_params(rng: random.Random, vocab: int) -> SamplingParams:
         presence_penalty=rng.choice([0.0, 0.0, 0.7]),
         min_tokens=rng.choice([0, 0, 3]),
         suppress_token_ids=np.array(rng.sample(range(vocab), 3), np.int32),
+        allowed_token_ids=np.array(rng.choice([[], [], [], rng.sample(range(vocab), 24)]), np.int32),
+        logit_bias_ids=np.array(bias_ids, np.int32),
+        logit_bias_values=np.array([rng.choice([-100.0, -3.5, 0.25, 2.0, 100.0]) for _ in bias_ids], np.float32),
         logprobs=rng.choice([-1, -1, 0, 2, 5]),
     )
 

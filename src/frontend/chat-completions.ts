@@ -70,6 +70,9 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
   if (forced !== null && req.structuredOutput !== null) {
     throw badRequest(`${req.structuredOutput.param} cannot be combined with tool_choice "${req.tools.toolChoice.kind}" (its calls follow a grammar already)`, req.structuredOutput.param);
   }
+  if (forced !== null && req.allowedTokenIds.length > 0) {
+    throw badRequest(`allowed_token_ids cannot be combined with tool_choice "${req.tools.toolChoice.kind}" (its calls follow a grammar)`, "allowed_token_ids");
+  }
   const grammar = forced ?? req.structuredOutput;
   if (grammar !== null) await compileRequestGrammar(ctx, grammar, req);
   const tools = req.tools.templateTools;

@@ -51,6 +51,10 @@ export interface SamplingRequest {
   stopTokenIds: number[];
   ignoreEos: boolean;
   minTokens: number;
+  /** OpenAI's logit_bias as [token id, bias] pairs, ids distinct; added to the logits before sampling. */
+  logitBias: [number, number][];
+  /** vLLM's allowed_token_ids: when not empty, the only tokens that may be sampled. */
+  allowedTokenIds: number[];
   /** Choices per prompt. */
   n: number;
   /** -1: none; 0: the sampled token's only; k: also the top k (the worker's SamplingParams.logprobs). */
@@ -138,7 +142,8 @@ const samplingShape = {
   user: opt(z.string()),
   // vLLM: lower runs first under --scheduling-policy priority; non-zero is refused with fcfs (sampling.ts).
   priority: opt(int()),
-  logit_bias: opt(z.record(z.unknown())),
+  logit_bias: opt(z.record(z.number({ invalid_type_error: "a number" }).min(-100, "in [-100, 100]").max(100, "in [-100, 100]"))),
+  allowed_token_ids: opt(z.array(int().min(0, "a token id"))),
   suffix: opt(z.string()),
   response_format: opt(z.object({ type: z.string() }).passthrough()),
   structured_outputs: z.unknown(),
@@ -266,6 +271,23 @@ function parseWith<T extends z.ZodTypeAny>(schema: T, raw: unknown): z.infer<T> 
   return result.data as z.infer<T>;
 }
 
+/** OpenAI's logit_bias: keys are token ids written in decimal ("50256"), each token once. */
+function parseLogitBias(bias: Record<string, number> | null | undefined, limits: ValidationLimits): [number, number][] {
+  if (bias == null) return [];
+  const seen = new Map<number, string>();
+  for (const [key, value] of Object.entries(bias)) {
+    const param = `logit_bias.${key}`;
+    const id = /^\d+$/.test(key) ? Number(key) : NaN;
+    if (!Number.isSafeInteger(id) || id >= limits.vocabSize) {
+      throw badRequest(`logit_bias keys must be token ids between 0 and ${limits.vocabSize - 1}, got ${JSON.stringify(key)}`, param);
+    }
+    const earlier = seen.get(id);
+    if (earlier !== undefined) throw badRequest(`logit_bias names token ${id} twice (${JSON.stringify(earlier)} and ${JSON.stringify(key)})`, param);
+    seen.set(id, key);
+  }
+  return [...seen.keys()].map((id) => [id, bias[seen.get(id) as string] as number]);
+}
+
 function checkTokenIds(ids: readonly number[], param: string, limits: ValidationLimits): void {
   ids.forEach((id, i) => {
     if (id >= limits.vocabSize) throw badRequest(`${param}[${i}] must be a token id between 0 and ${limits.vocabSize - 1}, got ${id}`, `${param}[${i}]`);
@@ -276,7 +298,6 @@ function checkTokenIds(ids: readonly number[], param: string, limits: Validation
 function refuseUnsupported(body: SamplingBody & { functions?: unknown[] | null }, n: number): void {
   if (body.best_of != null && body.best_of !== n) throw badRequest(`best_of must equal n (${n}); best_of > n is not supported`, "best_of");
   if (body.suffix != null && body.suffix !== "") throw badRequest("suffix is not supported", "suffix");
-  if (body.logit_bias != null && Object.keys(body.logit_bias).length > 0) throw badRequest("logit_bias is not supported yet", "logit_bias");
   if (body.functions != null && body.functions.length > 0) throw badRequest("functions are not supported; use tools", "functions");
 }
 
@@ -299,6 +320,14 @@ function parseSampling(
   const stopTokenIds = body.stop_token_ids ?? [];
   checkTokenIds(stopTokenIds, "stop_token_ids", limits);
   const stop = body.stop == null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
+  const allowedTokenIds = body.allowed_token_ids ?? [];
+  if (body.allowed_token_ids != null && allowedTokenIds.length === 0) throw badRequest("allowed_token_ids must not be empty", "allowed_token_ids");
+  checkTokenIds(allowedTokenIds, "allowed_token_ids", limits);
+  const structuredOutput = parseStructuredOutput(body);
+  if (allowedTokenIds.length > 0 && structuredOutput !== null) {
+    // Both decide which tokens may come next; their intersection could be empty.
+    throw badRequest("allowed_token_ids cannot be combined with structured output", "allowed_token_ids");
+  }
   return {
     model: body.model ?? null,
     maxTokens,
@@ -317,6 +346,8 @@ function parseSampling(
     stopTokenIds,
     ignoreEos: body.ignore_eos ?? false,
     minTokens,
+    logitBias: parseLogitBias(body.logit_bias, limits),
+    allowedTokenIds: [...new Set(allowedTokenIds)],
     n,
     logprobs,
     stream,
@@ -325,7 +356,7 @@ function parseSampling(
     skipSpecialTokens: body.skip_special_tokens ?? true,
     user: body.user ?? null,
     priority: body.priority ?? 0,
-    structuredOutput: parseStructuredOutput(body),
+    structuredOutput,
     promptLogprobs: -1,
     ignoredFields,
   };

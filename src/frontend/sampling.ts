@@ -45,6 +45,10 @@ export function toSamplingParams(req: SamplingRequest, limits: ModelLimits): Sam
   const greedy = req.temperature < GREEDY_EPSILON;
   // While fewer than min_tokens are out, every token that would stop the request is masked.
   const suppress = req.minTokens > 0 ? [...(req.ignoreEos ? [] : limits.eosTokenIds), ...req.stopTokenIds] : [];
+  if (req.allowedTokenIds.length > 0 && req.allowedTokenIds.every((id) => suppress.includes(id))) {
+    // Every allowed token would be masked until min_tokens are out: nothing could be sampled.
+    throw badRequest(`allowed_token_ids holds only tokens that end the request, which min_tokens (${req.minTokens}) forbids`, "allowed_token_ids");
+  }
   return {
     temperature: greedy ? 0 : req.temperature,
     // Greedy ignores the truncation knobs; sending them "off" keeps the worker on its fast path.
@@ -57,6 +61,9 @@ export function toSamplingParams(req: SamplingRequest, limits: ModelLimits): Sam
     repetition_penalty: req.repetitionPenalty,
     min_tokens: req.minTokens,
     suppress_token_ids: Int32Array.from(new Set(suppress)),
+    allowed_token_ids: Int32Array.from(req.allowedTokenIds),
+    logit_bias_ids: Int32Array.from(req.logitBias, ([id]) => id),
+    logit_bias_values: Float32Array.from(req.logitBias, ([, bias]) => bias),
     logprobs: req.logprobs,
   };
 }

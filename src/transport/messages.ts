@@ -6,12 +6,13 @@ import type { WireTables } from "./schema.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 6;
+export const PROTOCOL_VERSION = 7;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
  * seed nil: the worker's global generator; otherwise a per-request generator seeded once, so the output does not depend on the rest of the batch.
  * suppress_token_ids are masked out while the request has fewer than min_tokens output tokens.
+ * allowed_token_ids, when not empty, are the only tokens the request may sample (vLLM's allowed_token_ids); logit_bias_values[i] is added to the logit of token logit_bias_ids[i] (OpenAI's logit_bias, ids distinct). Both apply after the raw logprobs are taken and before min_tokens suppression and the penalties.
  */
 export interface SamplingParams {
   temperature: number;
@@ -24,6 +25,9 @@ export interface SamplingParams {
   repetition_penalty: number;
   min_tokens: number;
   suppress_token_ids: Int32Array;
+  allowed_token_ids: Int32Array;
+  logit_bias_ids: Int32Array;
+  logit_bias_values: Float32Array;
   logprobs: number;
 }
 
@@ -247,7 +251,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 6,
+  protocolVersion: 7,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -260,6 +264,9 @@ export const WIRE_TABLES: WireTables = {
       { name: "repetition_penalty", type: { kind: "float", nullable: false, text: "float" } },
       { name: "min_tokens", type: { kind: "int", nullable: false, text: "int" } },
       { name: "suppress_token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "allowed_token_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "logit_bias_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "logit_bias_values", type: { kind: "f32[]", nullable: false, text: "f32[]" } },
       { name: "logprobs", type: { kind: "int", nullable: false, text: "int" } },
     ],
     AddedRequest: [

@@ -122,13 +122,19 @@ export function makeRandomModel(arch: string, outDir: string, variant = 0, token
   runPython(tokenizerDir === null ? args : [...args, "--tokenizer-dir", tokenizerDir]);
 }
 
+/** What transformers' generate is told besides greedy: OpenAI's logit_bias (as sequence_bias) and vLLM's allowed_token_ids. */
+export interface ReferenceLogitEdits {
+  logitBias?: Record<string, number>;
+  allowedTokenIds?: number[];
+}
+
 /** transformers' greedy `generate` for each prompt, one at a time. */
-export function transformersGreedy(modelDir: string, prompts: number[][], maxNewTokens: number): number[][] {
+export function transformersGreedy(modelDir: string, prompts: number[][], maxNewTokens: number, edits: ReferenceLogitEdits = {}): number[][] {
   const dir = tempDir("hf-ref");
   try {
     const input = join(dir, "in.json");
     const output = join(dir, "out.json");
-    writeFileSync(input, JSON.stringify({ prompts, max_new_tokens: maxNewTokens }));
+    writeFileSync(input, JSON.stringify({ prompts, max_new_tokens: maxNewTokens, logit_bias: edits.logitBias, allowed_token_ids: edits.allowedTokenIds }));
     runPython([join(repoRoot, "python", "tests", "hf_reference.py"), "--model", modelDir, "--input", input, "--output", output]);
     return (JSON.parse(readFileSync(output, "utf8")) as { outputs: number[][] }).outputs;
   } finally {

@@ -236,6 +236,9 @@ export function greedy(overrides: Partial<SamplingParams> = {}): SamplingParams 
     repetition_penalty: 1,
     min_tokens: 0,
     suppress_token_ids: new Int32Array(0),
+    allowed_token_ids: new Int32Array(0),
+    logit_bias_ids: new Int32Array(0),
+    logit_bias_values: new Float32Array(0),
     logprobs: -1,
     ...overrides,
   };

@@ -269,6 +269,19 @@ describe("parameter mapping", () => {
     assert.deepEqual([...toSamplingParams(ignoring, limits).suppress_token_ids], [9]);
   });
 
+  test("logit_bias and allowed_token_ids reach the worker as id and value columns", () => {
+    const req = parseChatRequest(
+      { messages: [{ role: "user", content: "x" }], logit_bias: { "50": 2.5, "3": -100 }, allowed_token_ids: [9, 3, 9, 50] },
+      { vocabSize: VOCAB },
+    );
+    const params = toSamplingParams(req, limits);
+    assert.deepEqual([...params.logit_bias_ids], [3, 50]); // integer-like keys come in numeric order
+    assert.deepEqual([...params.logit_bias_values], [-100, 2.5]);
+    assert.deepEqual([...params.allowed_token_ids], [9, 3, 50]);
+    const plain = toSamplingParams(parseCompletionRequest({ prompt: "x" }, { vocabSize: VOCAB }), limits);
+    assert.deepEqual([plain.logit_bias_ids.length, plain.logit_bias_values.length, plain.allowed_token_ids.length], [0, 0, 0]);
+  });
+
   test("max_tokens defaults to 16 for completions (vLLM) and to the room left in the context for chat", () => {
     assert.equal(parseCompletionRequest({ prompt: "x" }, { vocabSize: VOCAB }).maxTokens, 16);
     const req = parseChatRequest({ messages: [{ role: "user", content: "x" }] }, { vocabSize: VOCAB });

@@ -174,7 +174,7 @@ describe("malformed input names the field", () => {
       "a struct with too few fields",
       () => damaged(step(), (f) => ((f[2] as unknown[][])[1]![3] as unknown[]).pop()),
       "Step.added[1].sampling",
-      /expected SamplingParams with 11 fields, got 10/,
+      /expected SamplingParams with 14 fields, got 13/,
     ],
     ["a struct that is not an array", () => damaged(result(), (f) => (f[8] = "fast")), "StepResult.timings", /expected StepTimings \(array of 3\), got string/],
     ["a struct list that is not a list", () => damaged(step(), (f) => (f[2] = 3)), "Step.added", /expected array of AddedRequest, got int/],

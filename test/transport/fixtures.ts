@@ -66,6 +66,9 @@ export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParam
     repetition_penalty: 1.0,
     min_tokens: 0,
     suppress_token_ids: new Int32Array([]),
+    allowed_token_ids: new Int32Array([]),
+    logit_bias_ids: new Int32Array([]),
+    logit_bias_values: new Float32Array([]),
     logprobs: -1,
     ...overrides,
   };
@@ -79,7 +82,7 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
   return {
     kind: "Step",
     step_id: 3,
-    added: [added(1, [5, 6, 7]), added(2, [8, 9], { seed: 1234, logprobs: 2, suppress_token_ids: Int32Array.from([0, 1]) })],
+    added: [added(1, [5, 6, 7]), added(2, [8, 9], { seed: 1234, logprobs: 2, suppress_token_ids: Int32Array.from([0, 1]), allowed_token_ids: Int32Array.from([3, 8, 9]), logit_bias_ids: Int32Array.from([8, 3]), logit_bias_values: Float32Array.from([2.5, -100]) })],
     removed: Int32Array.from([0]),
     req_ids: Int32Array.from([1, 2]),
     num_new_tokens: Int32Array.from([3, 2]),

@@ -46,6 +46,9 @@ const samplingParams: fc.Arbitrary<SamplingParams> = rec({
   repetition_penalty: float,
   min_tokens: int,
   suppress_token_ids: i32,
+  allowed_token_ids: i32,
+  logit_bias_ids: i32,
+  logit_bias_values: f32,
   logprobs: int,
 });
 
