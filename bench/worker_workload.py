@@ -76,20 +76,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one more round under torch.profiler; print its top operators")
     parser.add_argument("--json", help="write the rounds here")
+    parser.add_argument("--head-screen", choices=("on", "off", "both"), default="on",
+                        help="the head's bfloat16 screen (head_screen.py); both: rounds alternate off and on, side by side")
     args = parser.parse_args(argv)
 
     opts = parse_options(["--model", args.model, "--in-endpoint", "ipc:///unused-in", "--out-endpoint", "ipc:///unused-out",
                           "--block-size", str(BLOCK_SIZE), "--num-blocks", str(args.num_blocks)])
     runner = load_worker(opts).runner
+    head = runner.model.lm_head
+    screen = head.screen
+    if args.head_screen != "off" and screen is None:
+        print("no head screen on this machine (needs a float32 head and a CPU with AVX512-BF16 or AMX)", file=sys.stderr)
+    modes = {"on": ["on"], "off": ["off"], "both": ["off", "on"]}[args.head_screen]
     rng = np.random.default_rng(0)
     warm = argparse.Namespace(**{**vars(args), "requests": min(args.requests, args.concurrency)})
     run_round(runner, warm, 0, rng)  # first-call costs (allocations, oneDNN primitives) stay out of the rounds
     rounds = []
-    print(f"{'round':>5} {'tok/s':>8} {'steps':>6} {'ms/step':>8} {'prepare':>8} {'forward':>8} {'sample':>8}")
-    for i in range(args.rounds):
+    print(f"{'round':>5} {'screen':>6} {'tok/s':>8} {'steps':>6} {'ms/step':>8} {'prepare':>8} {'forward':>8} {'sample':>8}")
+    for i in range(args.rounds * len(modes)):
+        mode = modes[i % len(modes)]
+        head.screen = screen if mode == "on" else None
         r = run_round(runner, args, (i + 1) * 1_000_000, rng)
+        r["head_screen"] = mode
         rounds.append(r)
-        print(f"{i + 1:>5} {r['output_tokens_per_s']:>8.0f} {r['steps']:>6} {r['ms_per_step']:>8.2f} "
+        print(f"{i + 1:>5} {mode:>6} {r['output_tokens_per_s']:>8.0f} {r['steps']:>6} {r['ms_per_step']:>8.2f} "
               f"{r['prepare_ms_per_step']:>8.2f} {r['forward_ms_per_step']:>8.2f} {r['sample_ms_per_step']:>8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1))
@@ -97,7 +107,7 @@ def main(argv: list[str]) -> int:
         from torch.profiler import profile
 
         with profile() as prof:
-            run_round(runner, args, (args.rounds + 1) * 1_000_000, rng)
+            run_round(runner, args, (len(rounds) + 1) * 1_000_000, rng)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     return 0
 

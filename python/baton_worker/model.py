@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .attention import AttentionBackend
 from .config import ModelConfig
+from .head_screen import HeadScreen, bf16_matmul_is_native
 from .loader import WeightReader
 from .parallel import Partition, TensorParallelGroup
 from .rope import Rotary
@@ -124,14 +125,20 @@ class LMHead:
     packed weight for every count (MKL has no bfloat16 GEMM). Elsewhere
     (CUDA, no oneDNN) it is F.linear.
 
-    Memory: each extra layout is one more copy of the head. A tied head keeps
-    the embedding too; an untied one keeps no [vocab, hidden] copy once packed.
+    A float32 head on a CPU that multiplies bfloat16 natively also gets a
+    screen (head_screen.py): a bfloat16 copy that decides plain rows' tokens
+    with an exact float32 rescoring of the few near the top.
+
+    Memory: each extra layout is one more copy of the head (the screen's is
+    half one). A tied head keeps the embedding too; an untied one keeps no
+    [vocab, hidden] copy once packed, unless the screen rescores from it.
     """
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, screen: bool = True):
         self.packed = _packed_for_cpu(weight)
         self.transposed = weight.t().contiguous() if self.packed is not None and weight.dtype == torch.float32 else None
-        self.weight = weight if self.packed is None else None
+        self.screen = HeadScreen(weight, _PACKED_ROWS_HINT) if screen and self.transposed is not None and bf16_matmul_is_native() else None
+        self.weight = weight if self.packed is None or self.screen is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
@@ -141,7 +148,8 @@ class LMHead:
         return _packed_linear(x, self.packed).to(torch.float32)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.weight, self.packed, self.transposed) if t is not None]
+        screen = self.screen.packed if self.screen is not None else None
+        return [t for t in (self.weight, self.packed, self.transposed, screen) if t is not None]
 
 
 def _packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
@@ -191,7 +199,7 @@ class DecoderModel:
         self.norm = reader.get("model.norm.weight")
         # Tied models usually omit lm_head.weight; share the embedding then.
         tied = config.tie_word_embeddings or not reader.has("lm_head.weight")
-        self.lm_head = LMHead(self.embed if tied else vocab_rows(reader.get("lm_head.weight")))
+        self.lm_head = LMHead(self.embed if tied else vocab_rows(reader.get("lm_head.weight")), screen=tp is None)
         self.rotary = Rotary(config.rope, config.head_dim, self.device)
         self.scale = config.head_dim**-0.5
 
@@ -238,12 +246,16 @@ class DecoderModel:
             x = x + self._mlp(layer, h)
         return x
 
+    def head_input(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        """The rows at `indices` through the final norm: what the vocabulary projection multiplies."""
+        return rms_norm(hidden.index_select(0, indices), self.norm, self.config.rms_norm_eps)
+
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | None:
         """float32 logits of the hidden_states rows at `indices`. Tensor parallel:
         every rank must call it (the vocabulary slices are gathered); rank 0 gets
         the logits, the others None."""
-        logits = self.lm_head(rms_norm(hidden.index_select(0, indices), self.norm, self.config.rms_norm_eps))
+        logits = self.lm_head(self.head_input(hidden, indices))
         if self.tp is None:
             return logits
         return self.tp.gather_logits(logits, self.full_config.vocab_size)

@@ -411,14 +411,14 @@ def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
     return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
 
 
-def _block_reduce(x: torch.Tensor, reduce) -> torch.Tensor:
-    """[rows, blocks]: `reduce` (torch.amax or torch.sum) over each VOCAB_BLOCK
+def block_reduce(x: torch.Tensor, reduce, block: int = VOCAB_BLOCK) -> torch.Tensor:
+    """[rows, blocks]: `reduce` (torch.amax or torch.sum) over each `block`
     tokens of each row, the last block possibly shorter."""
     rows, vocab = x.shape
-    full = vocab // VOCAB_BLOCK * VOCAB_BLOCK
+    full = vocab // block * block
     parts = []
     if full:
-        parts.append(reduce(x[:, :full].view(rows, full // VOCAB_BLOCK, VOCAB_BLOCK), -1))
+        parts.append(reduce(x[:, :full].view(rows, full // block, block), -1))
     if full < vocab:
         parts.append(reduce(x[:, full:], -1, keepdim=True))
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
@@ -437,7 +437,7 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     rows, vocab = x.shape
     if vocab <= 2 * VOCAB_BLOCK:
         return torch.argmax(x, dim=-1)
-    block = torch.argmax(_block_reduce(x, torch.amax), dim=-1)  # the first block holding the row's maximum
+    block = torch.argmax(block_reduce(x, torch.amax), dim=-1)  # the first block holding the row's maximum
     cols, _real = _block_columns(block, vocab)
     # A clamped column repeats the last token after it, so the first maximum is a real one.
     return cols.gather(1, torch.argmax(x.gather(1, cols), dim=-1, keepdim=True))[:, 0]
@@ -450,7 +450,7 @@ def inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     block (block sums, their cumsum, then the cumsum inside the one block the
     target falls in), never along the whole row."""
     rows, vocab = weights.shape
-    cum = torch.cumsum(_block_reduce(weights, torch.sum), dim=-1)
+    cum = torch.cumsum(block_reduce(weights, torch.sum), dim=-1)
     total = cum[:, -1:]
     target = _below(uniforms * total, total)
     block = torch.searchsorted(cum, target, right=True).clamp_(max=cum.shape[1] - 1)

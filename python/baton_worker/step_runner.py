@@ -32,7 +32,8 @@ from .model import DecoderModel
 from .persistent_batch import PersistentBatch, StepInputs
 from .protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from .request_state import RequestState
-from .sampler import SampleOutput, Sampler, TokenMask
+from .head_screen import screens
+from .sampler import SampleOutput, Sampler, TokenMask, is_greedy
 from .token_bitmask import words_per_row
 
 _ROW_FIELDS = ("num_new_tokens", "num_computed", "new_block_counts", "sample")
@@ -110,6 +111,7 @@ class StepRunner:
         replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
         t1 = time.perf_counter()
         logits = None
+        head_rows = None  # with a screen: the head's input rows, and which sampled rows it decides
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
             if prompt is not None:
@@ -119,7 +121,12 @@ class StepRunner:
                 prompt_out = self._prompt_logprobs(hidden, prompt)
             else:
                 logits = self.graphs.run(inputs) if self.graphs is not None and replace is None else None
-                if logits is None:
+                screened = self._screened(sampled, step.mask_rows) if logits is None else None
+                if screened is not None:
+                    self.attention.prepare(inputs.attention)
+                    hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention, replace)
+                    head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened)
+                elif logits is None:
                     self.attention.prepare(inputs.attention)
                     logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention, replace)
         elif prompt is not None:
@@ -131,7 +138,10 @@ class StepRunner:
         if tp is None or tp.is_driver:
             # Waiting for a grammar mask counts as sampling time: the forward pass is done.
             token_mask = self._token_mask(step, len(sampled), wait_mask)
-            out = self._sample(logits, sampled, inputs, token_mask)
+            if head_rows is not None:
+                out = self._sample_screened(head_rows[0], head_rows[1], sampled, token_mask)
+            else:
+                out = self._sample(logits, sampled, inputs, token_mask)
         else:
             # Rank 0 samples (it alone has the logits and the grammar masks); here only its ids matter.
             out = SampleOutput(np.zeros(0, np.int32), None, None, None, None)
@@ -380,6 +390,45 @@ class StepRunner:
         if len(mask.bitmask) != len(rows) * words:
             raise ProtocolError("StepMask.bitmask", f"has {len(mask.bitmask)} words, {len(rows)} masked rows need {len(rows) * words}")
         return TokenMask(rows.astype(np.int64), mask.bitmask)
+
+    def _screened(self, sampled: list[RequestState], mask_rows: np.ndarray) -> np.ndarray | None:
+        """The sampled rows the head's screen can decide (head_screen.py), or None
+        when there is no screen or no such row."""
+        screen = self.model.lm_head.screen if self.model is not None and self.model.tp is None else None
+        if screen is None or not sampled:
+            return None
+        ok = np.array([screens(st, self.vocab_size) for st in sampled], dtype=bool)
+        ok[mask_rows[(mask_rows >= 0) & (mask_rows < len(ok))]] = False  # grammar-masked rows need their whole row
+        return np.flatnonzero(ok) if ok.any() else None
+
+    def _sample_screened(self, rows: torch.Tensor, screened: np.ndarray, sampled: list[RequestState], token_mask: TokenMask | None) -> SampleOutput:
+        """Tokens of the screened rows from the screen; the rest of the rows (and the
+        screened ones it leaves undecided) get float32 logits and the sampler."""
+        model = self.model
+        assert model is not None and model.lm_head.screen is not None
+        tokens = np.full(len(sampled), -1, dtype=np.int64)
+        temperatures = [0.0 if is_greedy(sampled[i]) else sampled[i].sampling.temperature for i in screened]
+        tokens[screened] = model.lm_head.screen.sample(rows[torch.from_numpy(screened)], temperatures, self.sampler.generator)
+        rest = np.flatnonzero(tokens < 0)
+        if len(rest) == 0:
+            return SampleOutput(tokens.astype(np.int32), None, None, None, None)
+        mask = None
+        if token_mask is not None:  # masked rows are never screened, so all of them are in rest
+            mask = TokenMask(np.searchsorted(rest, token_mask.rows), token_mask.bitmask)
+        logits = model.lm_head(rows[torch.from_numpy(rest)] if len(rest) < len(sampled) else rows)
+        out = self.sampler.sample(logits, [sampled[i] for i in rest], mask)
+        tokens[rest] = out.token_ids
+        # Screened rows asked for no logprobs: zeros in their places (rest is increasing,
+        # so the top logprobs stay in row order).
+        logprobs = None
+        if out.logprobs is not None:
+            logprobs = np.zeros(len(sampled), np.float32)
+            logprobs[rest] = out.logprobs
+        top_counts = None
+        if out.top_counts is not None:
+            top_counts = np.zeros(len(sampled), np.int32)
+            top_counts[rest] = out.top_counts
+        return SampleOutput(tokens.astype(np.int32), logprobs, top_counts, out.top_ids, out.top_logprobs)
 
     def _sample(
         self, logits: torch.Tensor | None, sampled: list[RequestState], inputs: StepInputs, token_mask: TokenMask | None = None

@@ -131,7 +131,8 @@ def test_tp2_greedy_output_equals_tp1_on_every_architecture(tmp_path):
     for (arch, variant, *_), spec in zip(PARITY, specs):
         key = spec.rsplit(":", 3)[0]
         a, b = tp1[key], tp2[key]
-        report.append(f"{arch}-v{variant}: min top-2 gap {a['min_margin']:.4f} (tp1) {b['min_margin']:.4f} (tp2)")
+        # TP=1 decides plain greedy rows with the head's screen, so its sampler may see none.
+        report.append(f"{arch}-v{variant}: min top-2 gap {a['min_margin']} (tp1) {b['min_margin']} (tp2)")
         assert b["outputs"] == a["outputs"], f"{arch} v{variant}: TP=2 output differs from TP=1"
         for lp1, lp2 in zip(a["prompt_logprobs"], b["prompt_logprobs"]):
             assert lp2 == pytest.approx(lp1, abs=1e-4)

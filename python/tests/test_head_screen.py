@@ -1,0 +1,122 @@
+"""The head's bfloat16 screen (head_screen.py) against the float32 head it stands in for:
+greedy tokens equal torch.argmax of the float32 logits, near-ties included, and
+sampled tokens follow the float32 softmax (the screen and its fallback to the
+exact path together)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from baton_worker.head_screen import SCREEN_BLOCK, HeadScreen
+
+if not torch.backends.mkldnn.is_available():
+    pytest.skip("the screen multiplies with oneDNN", allow_module_level=True)
+
+
+def _head(vocab: int, hidden: int, seed: int, scale: float = 0.05) -> torch.Tensor:
+    return torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def test_greedy_tokens_equal_float32_argmax_with_near_ties_and_duplicates():
+    vocab, hidden = 5003, 64  # not a whole number of blocks
+    weight = _head(vocab, hidden, 0)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(96, hidden, generator=g) * 3
+    # Make every row's top token nearly tied with a twin: a copy of its weight moved by
+    # about one bfloat16 step of the logit (so the screen often orders the two wrongly),
+    # placed before or after it.
+    top = (x @ weight.t()).argmax(dim=1)
+    for r in range(0, 96, 2):
+        twin = (int(top[r]) + 1 + 37 * r) % vocab
+        weight[twin] = weight[top[r]] + torch.randn(hidden, generator=g) * 3e-4
+    # Exact duplicates: the first index must win, as torch.argmax's does.
+    weight[10] = weight[4000]
+    x[95] = weight[4000] * 50
+    screen = HeadScreen(weight)
+    exact = (x @ weight.t()).argmax(dim=1)
+    got = screen.sample(x, [0.0] * len(x), torch.Generator().manual_seed(0))
+    assert (got >= 0).all()
+    assert got.tolist() == exact.tolist()
+    assert got[95] == 10
+    # The twins really are closer than bfloat16 resolves: the screen's own argmax misses some.
+    assert (screen.approximate(x)[:, :vocab].argmax(dim=1) != exact).any()
+
+
+def test_a_row_that_is_not_finite_is_left_to_the_exact_path():
+    weight = _head(300, 16, 2)
+    x = torch.randn(3, 16)
+    x[1, 0] = float("nan")
+    x[2, 0] = float("inf")
+    got = HeadScreen(weight).sample(x, [0.0, 0.0, 1.0], torch.Generator().manual_seed(0))
+    assert got[0] == int((x[0] @ weight.t()).argmax())
+    assert got[1] == -1 and got[2] == -1
+
+
+def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
+    """Pearson's statistic with the bins expecting < 5 draws merged, and a bound
+    about 5 standard deviations above its mean under the null."""
+    n = counts.sum()
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    stat = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    dof = int(keep.sum()) - 1
+    return stat, dof + 5 * math.sqrt(2 * dof)
+
+
+@pytest.mark.parametrize(
+    "temperature,margin,min_mass,spread",
+    [
+        (1.0, 13.0, 0.9, 4.0),  # the defaults: candidates hold nearly all the mass
+        (0.7, 1.0, 0.0, 3.0),  # a short reach: many draws land in the tail, some are refused
+        (1.5, 0.5, 0.9, 1.0),  # a flat row: the candidates hold too little, the exact path draws
+    ],
+)
+def test_sampled_tokens_follow_the_float32_softmax(temperature, margin, min_mass, spread):
+    vocab, hidden, rows, rounds = 300, 16, 500, 40
+    weight = _head(vocab, hidden, 3, scale=1.0)
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(4))
+    x = x / x.norm() * spread
+    logits = (x.double() @ weight.double().t())[0]
+    probs = torch.softmax(logits / temperature, dim=0).numpy()
+    screen = HeadScreen(weight, margin=margin, min_mass=min_mass)
+    g = torch.Generator().manual_seed(5)
+    fallback_g = torch.Generator().manual_seed(6)
+    exact_probs = torch.softmax((x @ weight.t())[0] / temperature, dim=0)
+    counts = np.zeros(vocab, np.int64)
+    left = 0
+    approx = screen.approximate(x)[0, :vocab]
+    below = (approx < approx.max() - 2 * screen.bounds(x)[0] - temperature * margin).numpy()  # the tail's tokens
+    from_tail = 0
+    batch = x.expand(rows, hidden).contiguous()
+    for _ in range(rounds):
+        got = screen.sample(batch, [temperature] * rows, g)
+        undecided = got < 0
+        left += int(undecided.sum())
+        from_tail += int(below[got[~undecided]].sum())
+        # The exact path draws the rows the screen leaves, afresh.
+        if undecided.any():
+            got[undecided] = torch.multinomial(exact_probs, int(undecided.sum()), replacement=True, generator=fallback_g).numpy()
+        counts += np.bincount(got, minlength=vocab)
+    stat, bound = _chi_square_ok(counts, probs)
+    print(f"T={temperature}: {left} of {rows * rounds} rows left to the exact path, chi-square {stat:.1f} (bound {bound:.1f})")
+    assert stat < bound, f"chi-square {stat:.1f} over {bound:.1f}"
+    total = rows * rounds
+    if margin == 13.0:
+        assert left < total // 100  # a tail draw is rare, and refused rarer still
+    elif min_mass == 0.0:
+        assert 0 < left < total and from_tail > 0  # the tail's tokens were both kept and refused
+    else:
+        assert left == total
+
+
+def test_screen_blocks_pad_the_vocabulary():
+    weight = _head(SCREEN_BLOCK * 3 + 5, 8, 7)
+    screen = HeadScreen(weight)
+    approx = screen.approximate(torch.randn(2, 8))
+    assert approx.shape == (2, SCREEN_BLOCK * 4)
+    assert torch.isinf(approx[:, weight.shape[0] :]).all() and torch.isfinite(approx[:, : weight.shape[0]]).all()
