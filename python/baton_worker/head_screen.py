@@ -105,6 +105,7 @@ class HeadScreen:
         """b per row: how far an approximate logit can be from the float32 one."""
         return x.norm(dim=1) * self.slack
 
+    @torch.inference_mode()
     def approximate(self, x: torch.Tensor) -> torch.Tensor:
         """float32 [rows, padded]: the screen's logits, -inf past the vocabulary."""
         approx = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
