@@ -17,17 +17,17 @@ per row. The tokens whose approximate logit is within 2b of the row's top hold
 the float32 argmax; they are rescored in float32 and the first maximum wins,
 as torch.argmax's does.
 
-Sampling at temperature T is exact rejection sampling from a proposal that
-covers the softmax of the float32 logits: candidates (approximate logit
-within 2b + T * TAIL_MARGIN of the top) with their exact weights
-exp((logit - top) / T), and for the tokens below that, per block of
-SCREEN_BLOCK tokens, the envelope exp((min(block max, cut) + b - top) / T)
-each. One uniform number walks the proposal's cumulative mass: a candidate is
-taken as is; a tail token is kept with probability (its exact weight) /
-(its envelope). A row whose candidates hold less than MIN_CANDIDATE_MASS of
-the proposal, or whose tail token is refused, is left to the exact path,
-which draws it afresh: rejection sampling's accepted token does not depend on
-the round it was accepted in, so the fallback keeps the distribution exact.
+Sampling at temperature T is exact rejection sampling. The proposal gives
+each token exp((approx + b - top) / T), which is at least its float32 weight
+exp((logit - top) / T) (top: the row's largest approximate logit; both
+are scaled alike, so the weights come from one softmax), except
+the candidates (approximate logit within 2b + T * NEAR_MARGIN of the top),
+which get their float32 weight itself. A token drawn from the proposal (one
+inverse-CDF pass, as the sampler's) is kept with probability (its float32
+weight) / (its proposal weight): always for a candidate. A refused row draws
+again, DRAW_ROUNDS times at most, then is left to the exact path, which draws
+it afresh: rejection sampling's accepted token does not depend on the round
+it was accepted in, so the fallback keeps the distribution exact.
 
 Seeded rows, edited logits (penalties, biases, min_tokens, grammars), top-k,
 top-p, min-p and logprobs all need the whole float32 row: those rows take the
@@ -36,25 +36,21 @@ exact path (step_runner.py splits the step).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from .request_state import RequestState
-from .sampler import edits_logits, is_greedy
+from .sampler import edits_logits, inverse_cdf, is_greedy
 
 # Tokens per block of the screen's block maxima (a [rows, vocab / 64] table is
-# cheap to scan; smaller blocks make the tail envelope tighter).
+# cheap to scan for the blocks that hold candidates).
 SCREEN_BLOCK = 64
-# How far below the top (in units of temperature) a sampled row's candidates
-# reach: a tail token's envelope is at most e^-13 of the top token's weight
-# (measured on the 19.7M Llama at temperature 1: 10 left 2-4% of rows to the
-# exact path, 13 none, and more candidates cost more rescoring).
-TAIL_MARGIN = 13.0
-# A sampled row is screened only when its candidates hold this share of the
-# proposal's mass (else most of its draws would fall in the tail).
-MIN_CANDIDATE_MASS = 0.9
+# How far below the top (in units of temperature, beyond 2b) a sampled row's
+# candidates reach. Each one costs a float32 rescoring; each token left out
+# is proposed up to e^(2b/T) times too often and then mostly refused.
+NEAR_MARGIN = 4.0
+# Proposals per sampled row before the exact path draws it instead.
+DRAW_ROUNDS = 4
 _UNIT_ROUNDOFF = 2.0**-8
 
 
@@ -84,9 +80,9 @@ def bf16_matmul_is_native() -> bool:
 class HeadScreen:
     """weight: the float32 head [vocab, hidden], kept (not copied) for the exact rescoring."""
 
-    def __init__(self, weight: torch.Tensor, rows_hint: int = 32, margin: float = TAIL_MARGIN, min_mass: float = MIN_CANDIDATE_MASS):
+    def __init__(self, weight: torch.Tensor, rows_hint: int = 32, margin: float = NEAR_MARGIN, rounds: int = DRAW_ROUNDS):
         self.vocab, hidden = weight.shape
-        self.margin, self.min_mass = margin, min_mass
+        self.margin, self.rounds = margin, rounds
         self.weight = weight
         # Padded to whole blocks with zero rows; their logits become -inf before the screen reads them.
         self.padded = -(-self.vocab // SCREEN_BLOCK) * SCREEN_BLOCK
@@ -154,51 +150,51 @@ class HeadScreen:
                 if picked[i] < vocab:  # else NaN or inf in the row: the exact path decides
                     tokens[i] = picked[i]
         if len(greedy) < rows:
-            self._draw(tokens, approx, block_max, cut, bound, best, temps, cand_rows, cand_cols, exact, x, generator)
+            self._draw(tokens, approx, block_max, top, bound, temps, cand_rows, cand_cols, exact, x, generator)
         return tokens
 
-    def _draw(self, tokens, approx, block_max, cut, bound, best, temps, cand_rows, cand_cols, exact, x, generator) -> None:
-        """Rejection sampling for the rows with temperature > 0 (module docstring)."""
+    @staticmethod
+    def _top_tokens(approx: torch.Tensor, block_max: torch.Tensor) -> torch.Tensor:
+        """Each row's first largest approximate logit, from its block maxima."""
+        rows, per_row = block_max.shape
+        block = block_max.argmax(dim=1)
+        inside = approx.view(-1, SCREEN_BLOCK).index_select(0, torch.arange(rows) * per_row + block).argmax(dim=1)
+        return block * SCREEN_BLOCK + inside
+
+    def _draw(self, tokens: np.ndarray, approx: torch.Tensor, block_max: torch.Tensor, top: torch.Tensor, bound: torch.Tensor, temps: torch.Tensor,
+              cand_rows: torch.Tensor, cand_cols: torch.Tensor, exact: torch.Tensor, x: torch.Tensor, generator: torch.Generator) -> None:
+        """Rejection sampling for the rows with temperature > 0 (module docstring).
+        approx is used up: its rows become the proposal's weights."""
         rows = approx.shape[0]
-        if len(exact) == 0:
-            return
-        t = temps.clamp(min=1e-30).double()
-        top, b = best.double(), bound.double()
-        # Candidates' exact weights; a row with a non-finite one is left to the exact path
-        # (zeroed here, so the cumulative sum over all rows stays finite).
-        weight = torch.exp((exact.double() - top[cand_rows]) / t[cand_rows])
-        finite = torch.isfinite(weight)
-        broken = torch.bincount(cand_rows[~finite], minlength=rows) > 0
-        weight = torch.where(finite, weight, 0.0)
-        cum = torch.cumsum(weight, 0)  # row after row, each row's candidates in token order
-        counts = torch.bincount(cand_rows, minlength=rows)
-        ends = torch.cumsum(counts, 0)
-        first, last = (ends - counts).clamp(max=len(cum) - 1), (ends - 1).clamp(min=0)
-        base = cum[first] - weight[first]  # the mass before the row's first candidate
-        held = torch.where(counts > 0, cum[last] - base, 0.0)
-        # The tail's envelope per block.
-        sizes = torch.full((block_max.shape[1],), float(SCREEN_BLOCK), dtype=torch.float64)
-        sizes[-1] = self.vocab - (block_max.shape[1] - 1) * SCREEN_BLOCK
-        capped = torch.minimum(block_max.double(), cut.double()[:, None])
-        envelope = sizes * torch.exp((capped + b[:, None] - top[:, None]) / t[:, None])
-        total = held + envelope.sum(dim=1)
-        ok = (temps > 0) & (counts > 0) & ~broken & torch.isfinite(total) & (held >= self.min_mass * total)
-        u = torch.rand(rows, generator=generator, dtype=torch.float64) * total
-        in_head = ok & (u < held)
-        # A candidate: the inverse CDF over the row's slice of cum.
-        pick = torch.searchsorted(cum, base + u, right=True)
-        pick = torch.minimum(torch.maximum(pick, first), last)
-        for i in torch.nonzero(in_head).flatten().tolist():
-            tokens[i] = int(cand_cols[pick[i]])
-        # A tail token: its block from the envelope, a uniform token inside, kept with
-        # probability exact weight / envelope (else the exact path draws the row).
-        for i in torch.nonzero(ok & ~in_head).flatten().tolist():
-            blocks = torch.cumsum(envelope[i], 0)
-            j = min(int(torch.searchsorted(blocks, (u[i] - held[i]).reshape(1), right=True)), len(blocks) - 1)
-            u2, u3 = torch.rand(2, generator=generator, dtype=torch.float64).tolist()
-            v = j * SCREEN_BLOCK + min(int(u2 * sizes[j]), int(sizes[j]) - 1)
-            if approx[i, v] >= cut[i]:
-                continue  # a candidate, which the envelope does not cover
-            logit = float(self.weight[v] @ x[i])
-            if u3 < math.exp(min(0.0, (logit - float(capped[i, j]) - float(b[i])) / float(t[i]))):
-                tokens[i] = v
+        hot = torch.nonzero(temps > 0).flatten()
+        t = temps[hot]
+        # The proposal, scaled by 1 / S (S: the row's sum of exp((approx - top) / T)):
+        # softmax(approx / T) for every token (its fused exp is twice as fast as exp_),
+        # then the candidates' float32 weights in their places, divided by e^(b/T) as
+        # the softmax leaves the other tokens' b out.
+        proposal = approx if len(hot) == rows else approx.index_select(0, hot)
+        top_token = self._top_tokens(proposal, block_max if len(hot) == rows else block_max.index_select(0, hot))
+        if not bool((t == 1.0).all()):
+            proposal.div_(t[:, None])
+        torch.softmax(proposal, dim=-1, out=proposal)
+        at_top = proposal.gather(1, top_token[:, None])[:, 0]  # 1 / S: the top token's exp(0) / S
+        place = torch.full((rows,), -1, dtype=torch.int64)
+        place[hot] = torch.arange(len(hot))
+        mine = place[cand_rows] >= 0
+        r, c = cand_rows[mine], cand_cols[mine]
+        weight = torch.exp((exact[mine] - top[r] - bound[r]) / temps[r]) * at_top[place[r]]
+        proposal.view(-1).index_copy_(0, place[r] * self.padded + c, weight)
+        # A row whose approximate logits are not all finite has a NaN or inf top: the exact path takes it.
+        active = torch.nonzero(torch.isfinite(top[hot]) & torch.isfinite(bound[hot])).flatten()
+        for _ in range(self.rounds):
+            if len(active) == 0:
+                break
+            weights = proposal if len(active) == len(hot) else proposal.index_select(0, active)
+            drawn = inverse_cdf(weights, torch.rand(len(active), 1, generator=generator))
+            row = hot[active]
+            logit = (self.weight.index_select(0, drawn) * x.index_select(0, row)).sum(dim=1)
+            # Kept with probability (float32 weight) / (proposal weight): 1 for a candidate.
+            target = torch.exp((logit - top[row] - bound[row]) / temps[row]) * at_top[active]
+            kept = torch.rand(len(active), generator=generator) * weights.gather(1, drawn[:, None])[:, 0] < target
+            tokens[row[kept].numpy()] = drawn[kept].numpy()
+            active = active[~kept]

@@ -69,21 +69,21 @@ def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]
 
 
 @pytest.mark.parametrize(
-    "temperature,margin,min_mass,spread",
+    "temperature,margin,rounds,spread",
     [
-        (1.0, 13.0, 0.9, 4.0),  # the defaults: candidates hold nearly all the mass
-        (0.7, 1.0, 0.0, 3.0),  # a short reach: many draws land in the tail, some are refused
-        (1.5, 0.5, 0.9, 1.0),  # a flat row: the candidates hold too little, the exact path draws
+        (1.0, 4.0, 4, 4.0),  # the defaults: candidates hold nearly all the mass
+        (0.7, 0.0, 1, 3.0),  # no reach beyond 2b: many draws are refused, some rows left to the exact path
+        (1.5, 0.0, 0, 1.0),  # no rounds: the exact path draws every row
     ],
 )
-def test_sampled_tokens_follow_the_float32_softmax(temperature, margin, min_mass, spread):
-    vocab, hidden, rows, rounds = 300, 16, 500, 40
+def test_sampled_tokens_follow_the_float32_softmax(temperature, margin, rounds, spread):
+    vocab, hidden, rows, batches = 300, 16, 500, 40
     weight = _head(vocab, hidden, 3, scale=1.0)
     x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(4))
     x = x / x.norm() * spread
     logits = (x.double() @ weight.double().t())[0]
     probs = torch.softmax(logits / temperature, dim=0).numpy()
-    screen = HeadScreen(weight, margin=margin, min_mass=min_mass)
+    screen = HeadScreen(weight, margin=margin, rounds=rounds)
     g = torch.Generator().manual_seed(5)
     fallback_g = torch.Generator().manual_seed(6)
     exact_probs = torch.softmax((x @ weight.t())[0] / temperature, dim=0)
@@ -93,7 +93,7 @@ def test_sampled_tokens_follow_the_float32_softmax(temperature, margin, min_mass
     below = (approx < approx.max() - 2 * screen.bounds(x)[0] - temperature * margin).numpy()  # the tail's tokens
     from_tail = 0
     batch = x.expand(rows, hidden).contiguous()
-    for _ in range(rounds):
+    for _ in range(batches):
         got = screen.sample(batch, [temperature] * rows, g)
         undecided = got < 0
         left += int(undecided.sum())
@@ -103,13 +103,13 @@ def test_sampled_tokens_follow_the_float32_softmax(temperature, margin, min_mass
             got[undecided] = torch.multinomial(exact_probs, int(undecided.sum()), replacement=True, generator=fallback_g).numpy()
         counts += np.bincount(got, minlength=vocab)
     stat, bound = _chi_square_ok(counts, probs)
-    print(f"T={temperature}: {left} of {rows * rounds} rows left to the exact path, chi-square {stat:.1f} (bound {bound:.1f})")
+    print(f"T={temperature}: {left} of {rows * batches} rows left to the exact path, chi-square {stat:.1f} (bound {bound:.1f})")
     assert stat < bound, f"chi-square {stat:.1f} over {bound:.1f}"
-    total = rows * rounds
-    if margin == 13.0:
-        assert left < total // 100  # a tail draw is rare, and refused rarer still
-    elif min_mass == 0.0:
-        assert 0 < left < total and from_tail > 0  # the tail's tokens were both kept and refused
+    total = rows * batches
+    if rounds == 4:
+        assert left < total // 100
+    elif rounds == 1:
+        assert 0 < left < total and from_tail > 0  # tokens that are not candidates were both kept and refused
     else:
         assert left == total
 

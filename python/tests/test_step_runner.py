@@ -169,3 +169,44 @@ def test_seeded_requests_give_the_same_tokens_with_and_without_preemption(model_
     preempted = run({4: [0], 7: [1, 2], 12: [0, 2], 15: [1]}, mates=3, worker_seed=9)
     assert preempted == undisturbed
     assert all(len(set(out)) > 4 for out in undisturbed)  # really sampled
+
+
+def test_the_head_screen_changes_no_deterministic_token_in_mixed_batches(model_dir):
+    """Plain greedy and sampled rows are decided by the head's screen; rows with
+    logprobs, penalties, a seed or top-k share their steps and take the exact
+    path. Greedy and seeded tokens, and the logprobs asked for, are the same as
+    with the screen off."""
+    prompts = [[7, 8, 9, 10, 11, 12, 13], [100, 200], [300, 301, 302, 303, 304], [5, 6], [50, 60, 70], [1, 2, 3, 4], [90, 91]]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.0, logprobs=3),
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        SamplingParams(temperature=1.0, seed=77, top_k=20),
+        SamplingParams(temperature=1.0),  # screened, drawn: its tokens are not compared
+        SamplingParams(temperature=0.7),
+    ]
+    results = {}
+    for screen_on in (True, False):
+        r = runner(model_dir, num_blocks=64)
+        screen = r.model.lm_head.screen
+        if screen is None:
+            pytest.skip("no head screen on this CPU (it needs AVX512-BF16 or AMX)")
+        decided = []
+        if screen_on:
+            sample = screen.sample
+            screen.sample = lambda x, temps, g: decided.append(len(temps)) or sample(x, temps, g)
+        else:
+            r.model.lm_head.screen = None
+        requests = [SimRequest(i, p, 10, s, arrive_step=i % 3) for i, (p, s) in enumerate(zip(prompts, params))]
+        EngineSim(r, 4, 64, token_budget=7).run(requests)
+        # Logprobs only where asked for (the engine reads no others).
+        results[screen_on] = ([q.output for i, q in enumerate(requests) if i not in (5, 6)], requests[2].logprobs, requests[2].tops)
+        if screen_on:
+            assert sum(decided) >= 4 * 10  # the plain rows went through the screen
+    (tokens, logprobs, tops), (tokens_off, logprobs_off, tops_off) = results[True], results[False]
+    assert tokens == tokens_off
+    # The exact path's head runs on fewer rows with the screen on (one row takes the
+    # GEMV path), so logprobs may differ in the last bits.
+    assert logprobs == pytest.approx(logprobs_off, abs=1e-5)
+    assert [ids for ids, _ in tops] == [ids for ids, _ in tops_off]
