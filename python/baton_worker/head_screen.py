@@ -51,6 +51,9 @@ SCREEN_BLOCK = 64
 NEAR_MARGIN = 4.0
 # Proposals per sampled row before the exact path draws it instead.
 DRAW_ROUNDS = 4
+# Rows with b > this * T go to the exact path: a candidate's proposal weight
+# carries e^(-b/T), which float32 cannot hold much below e^-87.
+MAX_BOUND_OVER_T = 30.0
 _UNIT_ROUNDOFF = 2.0**-8
 
 
@@ -184,8 +187,9 @@ class HeadScreen:
         r, c = cand_rows[mine], cand_cols[mine]
         weight = torch.exp((exact[mine] - top[r] - bound[r]) / temps[r]) * at_top[place[r]]
         proposal.view(-1).index_copy_(0, place[r] * self.padded + c, weight)
-        # A row whose approximate logits are not all finite has a NaN or inf top: the exact path takes it.
-        active = torch.nonzero(torch.isfinite(top[hot]) & torch.isfinite(bound[hot])).flatten()
+        # The exact path takes a row whose approximate logits are not all finite (a NaN
+        # or inf top), and one whose b / T is so large that e^(-b/T) could underflow.
+        active = torch.nonzero(torch.isfinite(top[hot]) & (bound[hot] < MAX_BOUND_OVER_T * t)).flatten()
         for _ in range(self.rounds):
             if len(active) == 0:
                 break

@@ -54,6 +54,16 @@ def test_a_row_that_is_not_finite_is_left_to_the_exact_path():
     assert got[1] == -1 and got[2] == -1
 
 
+def test_a_temperature_too_small_for_the_bound_is_left_to_the_exact_path():
+    weight = _head(300, 16, 8)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(9))
+    screen = HeadScreen(weight)
+    t = float(screen.bounds(x).max()) / 20
+    got = screen.sample(x, [t, t / 2, t / 4, 0.0], torch.Generator().manual_seed(0))
+    assert got[1] == -1 and got[2] == -1  # b / T of 40 and 80
+    assert got[0] >= 0 and got[3] == int((x[3] @ weight.t()).argmax())
+
+
 def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
     """Pearson's statistic with the bins expecting < 5 draws merged, and a bound
     about 5 standard deviations above its mean under the null."""
