@@ -64,6 +64,19 @@ def test_a_temperature_too_small_for_the_bound_is_left_to_the_exact_path():
     assert got[0] >= 0 and got[3] == int((x[3] @ weight.t()).argmax())
 
 
+def test_a_bound_too_loose_for_the_logits_leaves_rows_to_the_exact_path():
+    """Rows with too many candidates (logits closer together than the
+    bound) are not rescored token by token; the exact path takes them."""
+    g = torch.Generator().manual_seed(10)
+    base = torch.randn(32, generator=g)
+    weight = base + torch.randn(SCREEN_BLOCK * 40, 32, generator=g) * 1e-4  # nearly equal rows
+    weight[5] = -base  # one far apart: a clear winner for x = -base
+    x = torch.stack([-base, base, base])
+    got = HeadScreen(weight).sample(x, [0.0, 0.0, 1.0], torch.Generator().manual_seed(0))
+    assert got[0] == 5
+    assert got[1] == -1 and got[2] == -1
+
+
 def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
     """Pearson's statistic with the bins expecting < 5 draws merged, and a bound
     about 5 standard deviations above its mean under the null."""
