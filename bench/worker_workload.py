@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "python" / "tests")]
 
+from baton_worker.head_screen import HeadScreen, int8_products_are_exact  # noqa: E402
 from baton_worker.loading import load_worker  # noqa: E402
 from baton_worker.options import parse_options  # noqa: E402
 from baton_worker.protocol import SamplingParams  # noqa: E402
@@ -76,30 +77,36 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="one more round under torch.profiler; print its top operators")
     parser.add_argument("--json", help="write the rounds here")
-    parser.add_argument("--head-screen", choices=("on", "off", "both"), default="on",
-                        help="the head's bfloat16 screen (head_screen.py); both: rounds alternate off and on, side by side")
+    parser.add_argument("--head-screen", choices=("on", "off", "both", "kinds"), default="on",
+                        help="the head's screen (head_screen.py) in this CPU's native kind; both: rounds alternate off and on, "
+                             "side by side; kinds: off, bfloat16 and int8 in turn")
     args = parser.parse_args(argv)
 
     opts = parse_options(["--model", args.model, "--in-endpoint", "ipc:///unused-in", "--out-endpoint", "ipc:///unused-out",
                           "--block-size", str(BLOCK_SIZE), "--num-blocks", str(args.num_blocks)])
     runner = load_worker(opts).runner
     head = runner.model.lm_head
-    screen = head.screen
-    if args.head_screen != "off" and screen is None:
-        print("no head screen on this machine (needs a float32 head and a CPU with AVX512-BF16 or AMX)", file=sys.stderr)
-    modes = {"on": ["on"], "off": ["off"], "both": ["off", "on"]}[args.head_screen]
+    screens = {"off": None, "on": head.screen}
+    if args.head_screen == "kinds":
+        weight = head.weight if head.weight is not None else head.transposed.t()
+        screens.update({kind: HeadScreen(weight, kind) for kind in ("bfloat16", "int8")})
+        if not int8_products_are_exact():
+            sys.exit("--head-screen kinds: this CPU's int8 GEMM saturates (no VNNI); the int8 screen would be wrong here")
+    elif args.head_screen != "off" and head.screen is None:
+        print("no head screen on this machine (needs a float32 head and a CPU with VNNI, AVX512-BF16 or AMX)", file=sys.stderr)
+    modes = {"on": ["on"], "off": ["off"], "both": ["off", "on"], "kinds": ["off", "bfloat16", "int8"]}[args.head_screen]
     rng = np.random.default_rng(0)
     warm = argparse.Namespace(**{**vars(args), "requests": min(args.requests, args.concurrency)})
     run_round(runner, warm, 0, rng)  # first-call costs (allocations, oneDNN primitives) stay out of the rounds
     rounds = []
-    print(f"{'round':>5} {'screen':>6} {'tok/s':>8} {'steps':>6} {'ms/step':>8} {'prepare':>8} {'forward':>8} {'sample':>8}")
+    print(f"{'round':>5} {'screen':>8} {'tok/s':>8} {'steps':>6} {'ms/step':>8} {'prepare':>8} {'forward':>8} {'sample':>8}")
     for i in range(args.rounds * len(modes)):
         mode = modes[i % len(modes)]
-        head.screen = screen if mode == "on" else None
+        head.screen = screens[mode]
         r = run_round(runner, args, (i + 1) * 1_000_000, rng)
         r["head_screen"] = mode
         rounds.append(r)
-        print(f"{i + 1:>5} {mode:>6} {r['output_tokens_per_s']:>8.0f} {r['steps']:>6} {r['ms_per_step']:>8.2f} "
+        print(f"{i + 1:>5} {mode:>8} {r['output_tokens_per_s']:>8.0f} {r['steps']:>6} {r['ms_per_step']:>8.2f} "
               f"{r['prepare_ms_per_step']:>8.2f} {r['forward_ms_per_step']:>8.2f} {r['sample_ms_per_step']:>8.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "rounds": rounds}, indent=1))

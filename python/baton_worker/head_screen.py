@@ -36,6 +36,8 @@ exact path (step_runner.py splits the step).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -71,52 +73,151 @@ def screens(state: RequestState, vocab: int) -> bool:
     return s.seed is None and not (0 < s.top_k < vocab) and s.top_p >= 1.0 and s.min_p <= 0.0
 
 
-def bf16_matmul_is_native() -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (elsewhere oneDNN emulates
-    it, slower than float32)."""
+def _cpu_flags() -> set[str]:
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line for line in f if line.startswith("flags")), "")
+            return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
+        return set()
+
+
+def native_screen_kind() -> str | None:
+    """The screen's arithmetic this CPU runs in hardware: "int8" (VNNI: about 4x
+    the float32 rate), "bfloat16" (AVX512-BF16 or AMX: 2x), or None (oneDNN would
+    emulate either, slower than float32)."""
+    flags = _cpu_flags()
+    if ("avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags) and int8_products_are_exact():
+        return "int8"
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return "bfloat16"
+    return None
+
+
+def int8_products_are_exact() -> bool:
+    """Whether oneDNN's uint8 x int8 GEMM sums without saturating (x86 kernels
+    without VNNI pair products in int16 and can clip): extreme and random
+    operands against int64 arithmetic."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        q = torch.randint(-127, 128, (40, 64), dtype=torch.int8, generator=g)
+        q[0], q[1] = 127, -127
+        x = torch.randint(0, 256, (3, 64), dtype=torch.uint8, generator=g)
+        x[0] = 255
+        packed = torch.ops.onednn.qlinear_prepack(q, [3, 64])
+        got = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(40), torch.zeros(40, dtype=torch.int64), None, 1.0, 0,
+                                                 torch.float32, "none", [], "")
+    except (RuntimeError, AttributeError):  # a torch without these ops
         return False
-    words = set(flags.split())
-    return "avx512_bf16" in words or "amx_bf16" in words
+    return bool(torch.equal(got.double(), (x.long() @ q.long().t()).double()))
+
+
+def _reference_slack(hidden: int) -> float:
+    """The float32 side of the bound: the reference GEMM's and the rescoring's own
+    accumulation errors, 3 g_H (with margin), per unit of |x|_2 |w_v|_2."""
+    return 3 * hidden * 2.0**-24 / (1 - hidden * 2.0**-24)
+
+
+class _Bf16Projection:
+    """Both factors rounded to bfloat16 (u = 2^-8), products summed in float32, the
+    sum rounded to bfloat16: |approx - logit| <= (3u + 4u^2 + 3 g_H) |x|_2 max |w_v|_2."""
+
+    def __init__(self, padded_weight: torch.Tensor, vocab: int, rows_hint: int):
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(padded_weight.to(torch.bfloat16), rows_hint)
+        w_norm = padded_weight[:vocab].norm(dim=1).max().item()
+        # 1.001: the row norms themselves are float32 sums.
+        self.slack = (3 * _UNIT_ROUNDOFF + 4 * _UNIT_ROUNDOFF**2 + _reference_slack(padded_weight.shape[1])) * w_norm * 1.001
+
+        self._scratch: torch.Tensor | None = None  # float32 logits, kept between steps (a fresh one costs more than filling it)
+
+    def bounds(self, x: torch.Tensor) -> torch.Tensor:
+        return x.norm(dim=1) * self.slack
+
+    def multiply(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        product = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
+        if self._scratch is None or self._scratch.shape[0] < rows or self._scratch.shape[1] != product.shape[1]:
+            self._scratch = None
+            self._scratch = torch.empty(max(rows, 32), product.shape[1])
+        return self._scratch[:rows].copy_(product)
+
+
+class _Int8Projection:
+    """The head rounded to int8 per vocabulary row (scale s_v = max |w_v| / 127),
+    the step's rows to uint8 with one scale s_x and zero point; the int32 sums
+    are exact and scaled once in float32. Per row:
+    |approx - logit| <= s_x / 2 max_v |w^_v|_1 + max_v s_v / 2 |x|_1
+                        + (8 2^-24 + 3 g_H) (|x|_2 + sqrt(H) s_x) (max |w_v|_2 + sqrt(H) max s_v)."""
+
+    def __init__(self, padded_weight: torch.Tensor, vocab: int, rows_hint: int):
+        w = padded_weight
+        hidden = w.shape[1]
+        peak = w.abs().amax(dim=1)
+        self.scales = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+        q = torch.round(w / self.scales[:, None]).clamp_(-127, 127).to(torch.int8)
+        self.packed = torch.ops.onednn.qlinear_prepack(q, [rows_hint, hidden])
+        self.zero_points = torch.zeros(w.shape[0], dtype=torch.int64)
+        eps = 1 + 2.0**-16  # the divisions that rounded w and x
+        self.s_max = self.scales[:vocab].max().item() * eps
+        self.q_l1 = (q[:vocab].abs().sum(dim=1).double() * self.scales[:vocab].double()).max().item() * eps
+        self.w_norm = w[:vocab].norm(dim=1).max().item() * 1.001 + hidden**0.5 * self.s_max
+        self.rounding = 8 * 2.0**-24 + _reference_slack(hidden)
+        self.root_h = hidden**0.5
+
+    def _quantization(self, x: torch.Tensor) -> tuple[float, int]:
+        """The step's scale and zero point (rows share them; a NaN or inf anywhere
+        makes every row's bound inf, below)."""
+        lo, hi = min(x.min().item(), 0.0), max(x.max().item(), 0.0)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return math.inf, 0
+        scale = (hi - lo) / 254 or 1.0  # 254: round(x / scale) + zero point stays within [0, 255]
+        return scale, int(round(-lo / scale))
+
+    def bounds(self, x: torch.Tensor) -> torch.Tensor:
+        scale, _ = self._quantization(x)
+        if math.isinf(scale):
+            return torch.full((x.shape[0],), math.inf)
+        l1 = x.abs().sum(dim=1) * 1.001
+        l2 = x.norm(dim=1) * 1.001 + self.root_h * scale
+        return scale / 2 * (1 + 2.0**-16) * self.q_l1 + self.s_max / 2 * l1 + self.rounding * l2 * self.w_norm
+
+    def multiply(self, x: torch.Tensor) -> torch.Tensor:
+        scale, zero = self._quantization(x)
+        if math.isinf(scale):
+            scale = 1.0  # the bounds send every row to the exact path
+        q = torch.round(x / scale).add_(zero).clamp_(0, 255).to(torch.uint8)
+        return torch.ops.onednn.qlinear_pointwise(q, scale, zero, self.packed, self.scales, self.zero_points, None, 1.0, 0,
+                                                  torch.float32, "none", [], "")
 
 
 class HeadScreen:
-    """weight: the float32 head [vocab, hidden], kept (not copied) for the exact rescoring."""
+    """weight: the float32 head [vocab, hidden], kept (not copied) for the exact
+    rescoring; kind: the screen's arithmetic, "int8" or "bfloat16"."""
 
-    def __init__(self, weight: torch.Tensor, rows_hint: int = 32, margin: float = NEAR_MARGIN, rounds: int = DRAW_ROUNDS):
+    def __init__(self, weight: torch.Tensor, kind: str = "bfloat16", rows_hint: int = 32, margin: float = NEAR_MARGIN,
+                 rounds: int = DRAW_ROUNDS):
         self.vocab, hidden = weight.shape
+        self.kind = kind
         self.margin, self.rounds = margin, rounds
         self.weight = weight
         # Padded to whole blocks with zero rows; their logits become -inf before the screen reads them.
         self.padded = -(-self.vocab // SCREEN_BLOCK) * SCREEN_BLOCK
-        bf16 = torch.zeros(self.padded, hidden, dtype=torch.bfloat16)
-        bf16[: self.vocab] = weight
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(bf16, rows_hint)
-        self._scratch: torch.Tensor | None = None  # float32 logits, kept between steps (a fresh one costs more than filling it)
-        g = hidden * 2.0**-24 / (1 - hidden * 2.0**-24)
-        # 1.001: the row norms themselves are float32 sums.
-        self.slack = (3 * _UNIT_ROUNDOFF + 4 * _UNIT_ROUNDOFF**2 + 3 * g) * weight.norm(dim=1).max().item() * 1.001
+        padded = torch.zeros(self.padded, hidden, dtype=weight.dtype)
+        padded[: self.vocab] = weight
+        projection = {"int8": _Int8Projection, "bfloat16": _Bf16Projection}[kind]
+        self.projection = projection(padded, self.vocab, rows_hint)
 
     def nbytes(self) -> int:
-        return self.packed.numel() * self.packed.element_size()
+        packed = self.projection.packed
+        return packed.numel() * packed.element_size()
 
     def bounds(self, x: torch.Tensor) -> torch.Tensor:
         """b per row: how far an approximate logit can be from the float32 one."""
-        return x.norm(dim=1) * self.slack
+        return self.projection.bounds(x)
 
     @torch.inference_mode()
     def approximate(self, x: torch.Tensor) -> torch.Tensor:
         """float32 [rows, padded]: the screen's logits, -inf past the vocabulary."""
-        approx = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.packed, None, "none", [], "")
-        rows = x.shape[0]
-        if self._scratch is None or self._scratch.shape[0] < rows:
-            self._scratch = None
-            self._scratch = torch.empty(max(rows, 32), self.padded)
-        out = self._scratch[:rows]
-        out.copy_(approx)
+        out = self.projection.multiply(x)
         if self.padded > self.vocab:
             out[:, self.vocab :] = float("-inf")
         return out
@@ -140,7 +241,9 @@ class HeadScreen:
         # with too many (a bound too loose for its logits' spread) is left to the exact
         # path, so the rescoring never grows toward [rows, vocab].
         reach = block_max >= cut[:, None]
-        crowded = reach.sum(dim=1) > MAX_CANDIDATES_PER_ROW  # each hit block holds at least one
+        # (each hit block holds at least one; a row whose cut is not finite, NaN or inf
+        # somewhere, gets none either)
+        crowded = (reach.sum(dim=1) > MAX_CANDIDATES_PER_ROW) | ~torch.isfinite(cut)
         reach[crowded] = False
         hit = reach.nonzero()
         hit_rows = hit[:, 0]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .attention import AttentionBackend
 from .config import ModelConfig
-from .head_screen import HeadScreen, bf16_matmul_is_native
+from .head_screen import HeadScreen, native_screen_kind
 from .loader import WeightReader
 from .parallel import Partition, TensorParallelGroup
 from .rope import Rotary
@@ -125,19 +125,21 @@ class LMHead:
     packed weight for every count (MKL has no bfloat16 GEMM). Elsewhere
     (CUDA, no oneDNN) it is F.linear.
 
-    A float32 head on a CPU that multiplies bfloat16 natively also gets a
-    screen (head_screen.py): a bfloat16 copy that decides plain rows' tokens
-    with an exact float32 rescoring of the few near the top.
+    A float32 head on a CPU that multiplies int8 (VNNI) or bfloat16 natively
+    also gets a screen (head_screen.py): a low-precision copy that decides
+    plain rows' tokens with an exact float32 rescoring of the few near the top.
 
-    Memory: each extra layout is one more copy of the head (the screen's is
-    half one). A tied head keeps the embedding too; an untied one keeps no
-    [vocab, hidden] copy once packed, unless the screen rescores from it.
+    Memory: each extra layout is one more copy of the head (the screen's is a
+    quarter of one in int8, half in bfloat16). A tied head keeps the embedding
+    too; an untied one keeps no [vocab, hidden] copy once packed, unless the
+    screen rescores from it.
     """
 
     def __init__(self, weight: torch.Tensor, screen: bool = True):
         self.packed = _packed_for_cpu(weight)
         self.transposed = weight.t().contiguous() if self.packed is not None and weight.dtype == torch.float32 else None
-        self.screen = HeadScreen(weight, _PACKED_ROWS_HINT) if screen and self.transposed is not None and bf16_matmul_is_native() else None
+        kind = native_screen_kind() if screen and self.transposed is not None else None
+        self.screen = HeadScreen(weight, kind, _PACKED_ROWS_HINT) if kind is not None else None
         self.weight = weight if self.packed is None or self.screen is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -148,7 +150,7 @@ class LMHead:
         return _packed_linear(x, self.packed).to(torch.float32)
 
     def tensors(self) -> list[torch.Tensor]:
-        screen = self.screen.packed if self.screen is not None else None
+        screen = self.screen.projection.packed if self.screen is not None else None
         return [t for t in (self.weight, self.packed, self.transposed, screen) if t is not None]
 
 

@@ -369,6 +369,13 @@ export class BatonMetrics implements RequestRecorder {
           this.ttft.observe((nowMs - arrivalMs) / 1000);
           this.promptTokens.inc(promptTokens);
           this.live.firstToken(promptTokens, nowMs - arrivalMs, nowMs);
+          // Tokens that came with the first (a fast step can finish before the first
+          // output is read) follow it with no gap: every token after a request's first
+          // is one inter-token observation, however the outputs group them.
+          if (count > 1) {
+            for (let i = 1; i < count; i++) this.itl.observe(0);
+            this.live.interTokenGaps(0, count - 1, nowMs);
+          }
         } else {
           // Several tokens in one output share the gap: one observation per token.
           const gap = (nowMs - lastMs) / 1000 / count;

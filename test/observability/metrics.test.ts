@@ -58,28 +58,35 @@ describe("BatonMetrics", () => {
     trace.finish("length", 1250);
     trace.finish("length", 1300); // ignored: already finished
     metrics.begin("r2", 3, 2000, 5).finish("abort", 2010);
+    // A first output that carries two tokens: the second follows the first with no gap.
+    const r3 = metrics.begin("r3", 2, 3000, 4);
+    r3.tokens(2, 3100);
+    r3.tokens(1, 3160);
+    r3.finish("length", 3160);
     const m = parseMetrics(await metrics.render());
-    assert.equal(m.get(`vllm:prompt_tokens_total{${M}}`), 7, "prompt tokens count once the prefill produced a token");
-    assert.equal(m.get(`vllm:generation_tokens_total{${M}}`), 4);
-    assert.equal(m.get(`vllm:time_to_first_token_seconds_count{${M}}`), 1);
-    assert.ok(Math.abs((m.get(`vllm:time_to_first_token_seconds_sum{${M}}`) ?? 0) - 0.1) < 1e-9);
-    // One observation per token after the first, two tokens in one output sharing their gap: 0.05, 0.05, 0.05.
-    assert.equal(m.get(`vllm:inter_token_latency_seconds_count{${M}}`), 3);
-    assert.ok(Math.abs((m.get(`vllm:inter_token_latency_seconds_sum{${M}}`) ?? 0) - 0.15) < 1e-9);
-    assert.equal(m.get(`vllm:inter_token_latency_seconds_bucket{le="0.05",${M}}`), 3);
-    assert.equal(m.get(`vllm:e2e_request_latency_seconds_count{${M}}`), 2);
-    assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="length"}`), 1);
+    assert.equal(m.get(`vllm:prompt_tokens_total{${M}}`), 9, "prompt tokens count once the prefill produced a token");
+    assert.equal(m.get(`vllm:generation_tokens_total{${M}}`), 7);
+    assert.equal(m.get(`vllm:time_to_first_token_seconds_count{${M}}`), 2);
+    assert.ok(Math.abs((m.get(`vllm:time_to_first_token_seconds_sum{${M}}`) ?? 0) - 0.2) < 1e-9);
+    // One observation per token after a request's first, however outputs group them: r1's two
+    // tokens in one output share their gap (0.05, 0.05, 0.05); r3's second token came with its
+    // first (0), its third 0.06 later.
+    assert.equal(m.get(`vllm:inter_token_latency_seconds_count{${M}}`), 5);
+    assert.ok(Math.abs((m.get(`vllm:inter_token_latency_seconds_sum{${M}}`) ?? 0) - 0.21) < 1e-9);
+    assert.equal(m.get(`vllm:inter_token_latency_seconds_bucket{le="0.05",${M}}`), 4);
+    assert.equal(m.get(`vllm:e2e_request_latency_seconds_count{${M}}`), 3);
+    assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="length"}`), 2);
     assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="abort"}`), 1);
     assert.equal(m.get(`vllm:request_success_total{${M},finished_reason="stop"}`), 0);
-    assert.equal(m.get(`vllm:time_to_first_token_seconds_bucket{le="0.1",${M}}`), 1);
+    assert.equal(m.get(`vllm:time_to_first_token_seconds_bucket{le="0.1",${M}}`), 2);
     // Per finished request: prompt and generated tokens and max_tokens, in vLLM's 1-2-5 buckets up to max_model_len.
-    assert.equal(m.get(`vllm:request_prompt_tokens_count{${M}}`), 2);
-    assert.equal(m.get(`vllm:request_prompt_tokens_sum{${M}}`), 10);
-    assert.equal(m.get(`vllm:request_generation_tokens_sum{${M}}`), 4);
-    assert.equal(m.get(`vllm:request_params_max_tokens_sum{${M}}`), 17);
-    assert.equal(m.get(`vllm:request_params_max_tokens_bucket{le="5",${M}}`), 1);
-    assert.equal(m.get(`vllm:request_params_max_tokens_bucket{le="20",${M}}`), 2);
-    assert.equal(m.get(`vllm:request_prompt_tokens_bucket{le="1000",${M}}`), 2);
+    assert.equal(m.get(`vllm:request_prompt_tokens_count{${M}}`), 3);
+    assert.equal(m.get(`vllm:request_prompt_tokens_sum{${M}}`), 12);
+    assert.equal(m.get(`vllm:request_generation_tokens_sum{${M}}`), 7);
+    assert.equal(m.get(`vllm:request_params_max_tokens_sum{${M}}`), 21);
+    assert.equal(m.get(`vllm:request_params_max_tokens_bucket{le="5",${M}}`), 2);
+    assert.equal(m.get(`vllm:request_params_max_tokens_bucket{le="20",${M}}`), 3);
+    assert.equal(m.get(`vllm:request_prompt_tokens_bucket{le="1000",${M}}`), 3);
     assert.equal(m.get(`vllm:request_prompt_tokens_bucket{le="2000",${M}}`), undefined, "buckets stop at max_model_len");
   });
 
