@@ -1,21 +1,18 @@
-"""The vocabulary projection screened in bfloat16, decided exactly in float32.
+"""The vocabulary projection screened in low precision, decided exactly in float32.
 
 On CPU the head ([rows, hidden] x [hidden, vocab]) is most of a small model's
 step, and a plain request (greedy, or temperature alone with no seed) needs
 only a few of its logits exactly: the ones near the top. So the screen
-multiplies in bfloat16 (twice the float32 rate on a CPU with AVX512-BF16 or
-AMX), bounds how far each approximate logit can be from the float32 one, and
-computes exactly in float32 only the tokens the bound cannot rule out.
+multiplies in int8 (VNNI: about 4x the float32 rate) or bfloat16 (AVX512-BF16
+or AMX: 2x), bounds how far each approximate logit can be from the float32
+one, and computes exactly in float32 only the tokens the bound cannot rule
+out.
 
-The bound. With u = 2^-8 (bfloat16's unit roundoff), both factors rounded to
-bfloat16, products accumulated in float32 and the sum rounded to bfloat16, and
-the float32 reference accumulated in some order of its own:
-    |approx_v - logit_v| <= (3u + 4u^2 + 3 g_H) * sum_i |x_i w_vi|
-                         <= (3u + 4u^2 + 3 g_H) * |x|_2 * max_v |w_v|_2 = b
-(g_H = H 2^-24 / (1 - H 2^-24), Cauchy-Schwarz for the last step), one number
-per row. The tokens whose approximate logit is within 2b of the row's top hold
-the float32 argmax; they are rescored in float32 and the first maximum wins,
-as torch.argmax's does.
+The bound b, one number per row, comes from a rounding analysis of each kind
+(_Bf16Projection, _Int8Projection), and includes the float32 reference's and
+the rescoring's own accumulation errors. The tokens whose approximate logit is
+within 2b of the row's top hold the float32 argmax; they are rescored in
+float32 and the first maximum wins, as torch.argmax's does.
 
 Sampling at temperature T is exact rejection sampling. The proposal gives
 each token exp((approx + b - top) / T), which is at least its float32 weight
