@@ -209,10 +209,6 @@ class HeadScreen:
         projection = {"int8": _Int8Projection, "bfloat16": _Bf16Projection}[kind]
         self.projection = projection(padded, self.vocab, rows_hint)
 
-    def nbytes(self) -> int:
-        packed = self.projection.packed
-        return packed.numel() * packed.element_size()
-
     def bounds(self, x: torch.Tensor) -> torch.Tensor:
         """b per row: how far an approximate logit can be from the float32 one."""
         return self.projection.bounds(x)
