@@ -129,7 +129,6 @@ class _Bf16Projection:
         w_norm = padded_weight[:vocab].norm(dim=1).max().item()
         # 1.001: the row norms themselves are float32 sums.
         self.slack = (3 * _UNIT_ROUNDOFF + 4 * _UNIT_ROUNDOFF**2 + _reference_slack(padded_weight.shape[1])) * w_norm * 1.001
-
         self._scratch: torch.Tensor | None = None  # float32 logits, kept between steps (a fresh one costs more than filling it)
 
     def bounds(self, x: torch.Tensor) -> torch.Tensor:
@@ -159,12 +158,15 @@ class _Int8Projection:
         q = torch.round(w / self.scales[:, None]).clamp_(-127, 127).to(torch.int8)
         self.packed = torch.ops.onednn.qlinear_prepack(q, [rows_hint, hidden])
         self.zero_points = torch.zeros(w.shape[0], dtype=torch.int64)
-        eps = 1 + 2.0**-16  # the divisions that rounded w and x
+        # The float32 divisions before rounding w and x move a quotient of at most 255
+        # by 255 * 2^-24 < 2^-15: each rounding error is at most half a step times eps.
+        eps = 1 + 2.0**-12
         self.s_max = self.scales[:vocab].max().item() * eps
         self.q_l1 = (q[:vocab].abs().sum(dim=1).double() * self.scales[:vocab].double()).max().item() * eps
         self.w_norm = w[:vocab].norm(dim=1).max().item() * 1.001 + hidden**0.5 * self.s_max
         self.rounding = 8 * 2.0**-24 + _reference_slack(hidden)
         self.root_h = hidden**0.5
+        self.eps = eps
 
     def _quantization(self, x: torch.Tensor) -> tuple[float, int]:
         """The step's scale and zero point (rows share them; a NaN or inf anywhere
@@ -181,7 +183,7 @@ class _Int8Projection:
             return torch.full((x.shape[0],), math.inf)
         l1 = x.abs().sum(dim=1) * 1.001
         l2 = x.norm(dim=1) * 1.001 + self.root_h * scale
-        return scale / 2 * (1 + 2.0**-16) * self.q_l1 + self.s_max / 2 * l1 + self.rounding * l2 * self.w_norm
+        return scale / 2 * self.eps * self.q_l1 + self.s_max / 2 * l1 + self.rounding * l2 * self.w_norm
 
     def multiply(self, x: torch.Tensor) -> torch.Tensor:
         scale, zero = self._quantization(x)
