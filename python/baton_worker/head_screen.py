@@ -14,17 +14,24 @@ the rescoring's own accumulation errors. The tokens whose approximate logit is
 within 2b of the row's top hold the float32 argmax; they are rescored in
 float32 and the first maximum wins, as torch.argmax's does.
 
-Sampling at temperature T is exact rejection sampling. The proposal gives
-each token exp((approx + b - top) / T), which is at least its float32 weight
-exp((logit - top) / T) (top: the row's largest approximate logit; both
-are scaled alike, so the weights come from one softmax), except
-the candidates (approximate logit within 2b + T * NEAR_MARGIN of the top),
-which get their float32 weight itself. A token drawn from the proposal (one
-inverse-CDF pass, as the sampler's) is kept with probability (its float32
-weight) / (its proposal weight): always for a candidate. A refused row draws
-again, DRAW_ROUNDS times at most, then is left to the exact path, which draws
-it afresh: rejection sampling's accepted token does not depend on the round
-it was accepted in, so the fallback keeps the distribution exact.
+Sampling at temperature T is exact rejection sampling. Weights are scaled
+by e^(-top / T) (top: the row's largest approximate logit). The candidates
+(approximate logit within 2b + T * NEAR_MARGIN of the top) are proposed with
+their float32 weight exp((logit - top - b) / T) itself. Every other token gets
+an envelope of at least exp((approx - top) / T), which is at least its
+float32 weight: its own for the tokens within BLOCK_REACH T below the
+candidates, else its block's largest (one per block of SCREEN_BLOCK tokens,
+from the block maxima, so most of the vocabulary costs one lookup per block).
+A token drawn from the proposal (a block by its mass, then a token in it) is
+kept with probability (its float32 weight) / (its proposal weight): always
+for a candidate. A refused row draws again, DRAW_ROUNDS times at most, then
+is left to the exact path, which draws it afresh: rejection sampling's
+accepted token does not depend on the round it was accepted in, so the
+fallback keeps the distribution exact.
+
+The GEMM and the block maxima are torch's (on every core); the decisions row
+by row are screen_decide.py's, compiled with numba: there is no screen
+without numba.
 
 Seeded rows, edited logits (penalties, biases, min_tokens, grammars), top-k,
 top-p, min-p and logprobs all need the whole float32 row: those rows take the
@@ -39,7 +46,7 @@ import numpy as np
 import torch
 
 from .request_state import RequestState
-from .sampler import edits_logits, inverse_cdf, is_greedy
+from .sampler import edits_logits, is_greedy
 
 # Rows screened at once: their [rows, vocab] float32 logits stay under glibc's
 # 32 MB mmap ceiling (a larger buffer is mapped and faulted in afresh at every
@@ -53,15 +60,20 @@ SCREEN_BLOCK = 64
 # candidates reach. Each one costs a float32 rescoring; each token left out
 # is proposed up to e^(2b/T) times too often and then mostly refused.
 NEAR_MARGIN = 4.0
+# A sampled row's proposal gives its own envelope to each token within this
+# many T below its candidates, and the rest of a block its largest. The
+# blocks that hold such tokens are read token by token (most of the cost);
+# with less reach, more draws are refused. On the 19.7M Llama (int8, 32 rows):
+# reach 4 / 2 / 0 took 2.6 / 1.9 / 1.5 ms at T=1, all rows decided; 4.7 / 3.3
+# / 2.7 ms at T=1.5, with 1 / 4 / 31 of 1024 rows left to the exact path.
+BLOCK_REACH = 2.0
 # A row with more candidates than this goes to the exact path (on the 19.7M
 # Llama, int8 / bfloat16: at most 57 / 15 at temperature 0, 189 / 57 at 1,
 # 326 / 105 at 1.5).
 MAX_CANDIDATES_PER_ROW = 512
-# Proposals per sampled row before the exact path draws it instead.
-DRAW_ROUNDS = 4
-# Rows with b > this * T go to the exact path: a candidate's proposal weight
-# carries e^(-b/T), which float32 cannot hold much below e^-87.
-MAX_BOUND_OVER_T = 30.0
+# Proposals per sampled row before the exact path draws it instead (a round
+# costs microseconds; the exact path's head, a millisecond).
+DRAW_ROUNDS = 8
 _UNIT_ROUNDOFF = 2.0**-8
 
 
@@ -88,6 +100,10 @@ def native_screen_kind() -> str | None:
     """The screen's arithmetic this CPU runs in hardware: "int8" (VNNI: about 4x
     the float32 rate), "bfloat16" (AVX512-BF16 or AMX: 2x), or None (oneDNN would
     emulate either, slower than float32)."""
+    from . import screen_decide
+
+    if screen_decide.numba is None:
+        return None
     flags = _cpu_flags()
     if ("avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags) and int8_products_are_exact():
         return "int8"
@@ -199,17 +215,20 @@ class HeadScreen:
     rescoring; kind: the screen's arithmetic, "int8" or "bfloat16"."""
 
     def __init__(self, weight: torch.Tensor, kind: str = "bfloat16", rows_hint: int = 32, margin: float = NEAR_MARGIN,
-                 rounds: int = DRAW_ROUNDS):
+                 reach: float = BLOCK_REACH, rounds: int = DRAW_ROUNDS):
         self.vocab, hidden = weight.shape
         self.kind = kind
-        self.margin, self.rounds = margin, rounds
+        self.margin, self.reach, self.rounds = margin, reach, rounds
         self.weight = weight
+        self.weight_rows = weight.detach().contiguous().numpy()  # the same memory when contiguous
         # Padded to whole blocks with zero rows; their logits become -inf before the screen reads them.
         self.padded = -(-self.vocab // SCREEN_BLOCK) * SCREEN_BLOCK
         padded = torch.zeros(self.padded, hidden, dtype=weight.dtype)
         padded[: self.vocab] = weight
         projection = {"int8": _Int8Projection, "bfloat16": _Bf16Projection}[kind]
         self.projection = projection(padded, self.vocab, rows_hint)
+        # numba builds (or loads from its cache) the decisions now, not in a request's step.
+        self.sample(torch.zeros(2, hidden), [0.0, 1.0], torch.Generator().manual_seed(0))
 
     def bounds(self, x: torch.Tensor) -> torch.Tensor:
         """b per row: how far an approximate logit can be from the float32 one."""
@@ -234,94 +253,15 @@ class HeadScreen:
                                for i in range(0, x.shape[0], SCREEN_ROWS)])
 
     def _sample_rows(self, x: torch.Tensor, temperatures: list[float], generator: torch.Generator) -> np.ndarray:
-        rows, vocab = x.shape[0], self.vocab
+        from .screen_decide import decide_rows  # numba's import takes half a second: only workers with a screen pay it
+
+        rows = x.shape[0]
         approx = self.approximate(x)
-        blocks = approx.view(-1, SCREEN_BLOCK)  # row r's block j is blocks[r * per_row + j]
-        per_row = self.padded // SCREEN_BLOCK
-        block_max = blocks.amax(dim=1).view(rows, per_row)
-        top = block_max.amax(dim=1)
-        bound = self.bounds(x)
-        temps = torch.tensor(temperatures, dtype=torch.float32)
-        cut = top - 2 * bound - temps * self.margin  # candidates: approx >= cut
-
-        # Candidates: the tokens >= cut inside the blocks whose maximum reaches it. A row
-        # with too many (a bound too loose for its logits' spread) is left to the exact
-        # path, so the rescoring never grows toward [rows, vocab].
-        reach = block_max >= cut[:, None]
-        # (each hit block holds at least one; a row whose cut is not finite, NaN or inf
-        # somewhere, gets none either)
-        crowded = (reach.sum(dim=1) > MAX_CANDIDATES_PER_ROW) | ~torch.isfinite(cut)
-        reach[crowded] = False
-        hit = reach.nonzero()
-        hit_rows = hit[:, 0]
-        inside = blocks.index_select(0, hit_rows * per_row + hit[:, 1]) >= cut[hit_rows][:, None]
-        counts = torch.zeros(rows, dtype=torch.int64).index_add_(0, hit_rows, inside.sum(dim=1))
-        crowded |= counts > MAX_CANDIDATES_PER_ROW
-        if bool(crowded.any()):
-            inside &= ~crowded[hit_rows][:, None]  # no candidates: a greedy row stays -1
-            bound = bound.masked_fill(crowded, float("inf"))  # and a sampled one draws nothing
-        at = inside.nonzero()
-        cand_rows = hit_rows[at[:, 0]]  # sorted by row, then token
-        cand_cols = hit[at[:, 0], 1] * SCREEN_BLOCK + at[:, 1]
-        exact = (self.weight.index_select(0, cand_cols) * x.index_select(0, cand_rows)).sum(dim=1)
-
-        best = torch.full((rows,), float("-inf")).scatter_reduce(0, cand_rows, exact, "amax")
-        tokens = np.full(rows, -1, dtype=np.int64)
-        greedy = [i for i, t in enumerate(temperatures) if t == 0.0]
-        if greedy:
-            is_best = exact == best[cand_rows]
-            first = torch.full((rows,), vocab, dtype=torch.int64).scatter_reduce(0, cand_rows[is_best], cand_cols[is_best], "amin")
-            picked = first.numpy()
-            for i in greedy:
-                if picked[i] < vocab:  # else NaN or inf in the row: the exact path decides
-                    tokens[i] = picked[i]
-        if len(greedy) < rows:
-            self._draw(tokens, approx, block_max, top, bound, temps, cand_rows, cand_cols, exact, x, generator)
+        block_max = approx.view(-1, SCREEN_BLOCK).amax(dim=1).view(rows, -1)
+        bound = self.bounds(x).double().numpy()
+        temps = np.asarray(temperatures, dtype=np.float64)
+        uniforms = torch.rand(rows, self.rounds, 3, dtype=torch.float64, generator=generator).numpy()
+        tokens = np.empty(rows, dtype=np.int64)
+        decide_rows(approx.numpy(), block_max.numpy(), self.vocab, bound, temps, self.margin, self.reach, MAX_CANDIDATES_PER_ROW,
+                    self.weight_rows, x.contiguous().numpy(), uniforms, tokens)
         return tokens
-
-    @staticmethod
-    def _top_tokens(approx: torch.Tensor, block_max: torch.Tensor) -> torch.Tensor:
-        """Each row's first largest approximate logit, from its block maxima."""
-        rows, per_row = block_max.shape
-        block = block_max.argmax(dim=1)
-        inside = approx.view(-1, SCREEN_BLOCK).index_select(0, torch.arange(rows) * per_row + block).argmax(dim=1)
-        return block * SCREEN_BLOCK + inside
-
-    def _draw(self, tokens: np.ndarray, approx: torch.Tensor, block_max: torch.Tensor, top: torch.Tensor, bound: torch.Tensor, temps: torch.Tensor,
-              cand_rows: torch.Tensor, cand_cols: torch.Tensor, exact: torch.Tensor, x: torch.Tensor, generator: torch.Generator) -> None:
-        """Rejection sampling for the rows with temperature > 0 (module docstring).
-        approx is used up: its rows become the proposal's weights."""
-        rows = approx.shape[0]
-        hot = torch.nonzero(temps > 0).flatten()
-        t = temps[hot]
-        # The proposal, scaled by 1 / S (S: the row's sum of exp((approx - top) / T)):
-        # softmax(approx / T) for every token (its fused exp is twice as fast as exp_),
-        # then the candidates' float32 weights in their places, divided by e^(b/T) as
-        # the softmax leaves the other tokens' b out.
-        proposal = approx if len(hot) == rows else approx.index_select(0, hot)
-        top_token = self._top_tokens(proposal, block_max if len(hot) == rows else block_max.index_select(0, hot))
-        if not bool((t == 1.0).all()):
-            proposal.div_(t[:, None])
-        torch.softmax(proposal, dim=-1, out=proposal)
-        at_top = proposal.gather(1, top_token[:, None])[:, 0]  # 1 / S: the top token's exp(0) / S
-        place = torch.full((rows,), -1, dtype=torch.int64)
-        place[hot] = torch.arange(len(hot))
-        mine = place[cand_rows] >= 0
-        r, c = cand_rows[mine], cand_cols[mine]
-        weight = torch.exp((exact[mine] - top[r] - bound[r]) / temps[r]) * at_top[place[r]]
-        proposal.view(-1).index_copy_(0, place[r] * self.padded + c, weight)
-        # The exact path takes a row whose approximate logits are not all finite (a NaN
-        # or inf top), and one whose b / T is so large that e^(-b/T) could underflow.
-        active = torch.nonzero(torch.isfinite(top[hot]) & (bound[hot] < MAX_BOUND_OVER_T * t)).flatten()
-        for _ in range(self.rounds):
-            if len(active) == 0:
-                break
-            weights = proposal if len(active) == len(hot) else proposal.index_select(0, active)
-            drawn = inverse_cdf(weights, torch.rand(len(active), 1, generator=generator))
-            row = hot[active]
-            logit = (self.weight.index_select(0, drawn) * x.index_select(0, row)).sum(dim=1)
-            # Kept with probability (float32 weight) / (proposal weight): 1 for a candidate.
-            target = torch.exp((logit - top[row] - bound[row]) / temps[row]) * at_top[active]
-            kept = torch.rand(len(active), generator=generator) * weights.gather(1, drawn[:, None])[:, 0] < target
-            tokens[row[kept].numpy()] = drawn[kept].numpy()
-            active = active[~kept]

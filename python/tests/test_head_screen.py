@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from baton_worker.head_screen import SCREEN_BLOCK, HeadScreen, int8_products_are_exact
+from baton_worker.head_screen import DRAW_ROUNDS, NEAR_MARGIN, SCREEN_BLOCK, HeadScreen, int8_products_are_exact
 
 if not torch.backends.mkldnn.is_available():
     pytest.skip("the screen multiplies with oneDNN", allow_module_level=True)
@@ -104,7 +104,7 @@ def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]
 @pytest.mark.parametrize(
     "temperature,margin,rounds,spread",
     [
-        (1.0, 4.0, 4, 4.0),  # the defaults: candidates hold nearly all the mass
+        (1.0, NEAR_MARGIN, DRAW_ROUNDS, 4.0),  # the defaults: candidates hold nearly all the mass
         (0.7, 0.0, 1, 3.0),  # no reach beyond 2b: many draws are refused, some rows left to the exact path
         (1.5, 0.0, 0, 1.0),  # no rounds: the exact path draws every row
     ],
@@ -139,12 +139,50 @@ def test_sampled_tokens_follow_the_float32_softmax(kind, temperature, margin, ro
     print(f"T={temperature}: {left} of {rows * batches} rows left to the exact path, chi-square {stat:.1f} (bound {bound:.1f})")
     assert stat < bound, f"chi-square {stat:.1f} over {bound:.1f}"
     total = rows * batches
-    if rounds == 4:
+    if rounds == DRAW_ROUNDS:
         assert left < total // 100
     elif rounds == 1:
         assert 0 < left < total and from_tail > 0  # tokens that are not candidates were both kept and refused
     else:
         assert left == total
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tokens_drawn_from_far_blocks_keep_the_softmax(kind):
+    """Many blocks, and the candidates' reach cut to nothing: most of the mass
+    lies in tokens that are proposed by their block's envelope, so far-block
+    draws are both kept and refused, and the tokens still follow the softmax
+    (the vocabulary's last block is padded)."""
+    vocab, hidden, rows, batches, temperature = SCREEN_BLOCK * 40 + 7, 16, 500, 40, 2.0
+    weight = _head(vocab, hidden, 11, scale=1.0)
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(12))
+    x = x / x.norm() * 3.0
+    reach = 0.0
+    screen = HeadScreen(weight, kind, margin=0.0, reach=reach, rounds=2)
+    exact_probs = torch.softmax((x @ weight.t())[0] / temperature, dim=0)
+    probs = torch.softmax((x.double() @ weight.double().t())[0] / temperature, dim=0).numpy()
+    approx = screen.approximate(x)[0]
+    block_max = approx.view(-1, SCREEN_BLOCK).amax(dim=1)
+    cut = float(approx.max() - 2 * screen.bounds(x)[0])
+    far = (block_max < cut - reach * temperature).numpy()
+    far[-1] = False  # the padded block is always read token by token
+    g, fallback_g = torch.Generator().manual_seed(13), torch.Generator().manual_seed(14)
+    counts = np.zeros(vocab, np.int64)
+    from_far = left = 0
+    batch = x.expand(rows, hidden).contiguous()
+    for _ in range(batches):
+        got = screen.sample(batch, [temperature] * rows, g)
+        undecided = got < 0
+        left += int(undecided.sum())
+        from_far += int(far[got[~undecided] // SCREEN_BLOCK].sum())
+        if undecided.any():
+            got[undecided] = torch.multinomial(exact_probs, int(undecided.sum()), replacement=True, generator=fallback_g).numpy()
+        counts += np.bincount(got, minlength=vocab)
+    stat, bound = _chi_square_ok(counts, probs)
+    print(f"reach {reach}: {far.sum()} far blocks, {from_far} tokens kept from them, {left} rows refused twice, "
+          f"chi-square {stat:.1f} (bound {bound:.1f})")
+    assert stat < bound, f"chi-square {stat:.1f} over {bound:.1f}"
+    assert far.sum() > 10 and from_far > 1000 and left > 0
 
 
 @pytest.mark.parametrize("kind", KINDS)
