@@ -219,8 +219,8 @@ class HeadScreen:
         self.vocab, hidden = weight.shape
         self.kind = kind
         self.margin, self.reach, self.rounds = margin, reach, rounds
-        self.weight = weight
-        self.weight_rows = weight.detach().contiguous().numpy()  # the same memory when contiguous
+        # The rescoring reads the head itself (a contiguous head is not copied).
+        self.weight_rows = weight.detach().contiguous().numpy()
         # Padded to whole blocks with zero rows; their logits become -inf before the screen reads them.
         self.padded = -(-self.vocab // SCREEN_BLOCK) * SCREEN_BLOCK
         padded = torch.zeros(self.padded, hidden, dtype=weight.dtype)
