@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .attention import AttentionBackend
+from .cpu_threads import CpuThreads
 from .model import DecoderModel
 from .persistent_batch import PersistentBatch, StepInputs
 from .protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
@@ -87,6 +88,8 @@ class StepRunner:
         self.by_slot: dict[int, RequestState] = {}
         self.batch = PersistentBatch(block_size, device)
         self.graphs = None  # cuda_graphs.DecodeGraphs, set by loading on CUDA
+        # On CPU: torch's threads per phase of a step (cpu_threads.py); the worker's share of the cores is set by now.
+        self.cpu = CpuThreads(torch.get_num_threads()) if device.type == "cpu" else None
         # Slots of requests that want prompt logprobs, until their prompt is computed.
         self.prompt_slots: set[int] = set()
         # Prompt embeddings (AddedRequest.embeds): the token they replace, how a handle
@@ -114,21 +117,20 @@ class StepRunner:
         head_rows = None  # with a screen: the head's input rows, and which sampled rows it decides
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
-            if prompt is not None:
+            logits = self.graphs.run(inputs) if self.graphs is not None and replace is None and prompt is None else None
+            if logits is None:
+                if self.cpu is not None:
+                    self.cpu.for_layers(len(inputs.input_ids_host))
                 self.attention.prepare(inputs.attention)
                 hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention, replace)
-                logits = self.model.logits(hidden, inputs.logits_indices)
-                prompt_out = self._prompt_logprobs(hidden, prompt)
-            else:
-                logits = self.graphs.run(inputs) if self.graphs is not None and replace is None else None
-                screened = self._screened(sampled, step.mask_rows) if logits is None else None
+                screened = self._screened(sampled, step.mask_rows) if prompt is None else None
                 if screened is not None:
-                    self.attention.prepare(inputs.attention)
-                    hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention, replace)
                     head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened)
-                elif logits is None:
-                    self.attention.prepare(inputs.attention)
-                    logits = self.model.forward(inputs.input_ids, inputs.positions, inputs.logits_indices, self.attention, replace)
+                else:
+                    self._for_head()
+                    logits = self.model.logits(hidden, inputs.logits_indices)
+                if prompt is not None:
+                    prompt_out = self._prompt_logprobs(hidden, prompt)
         elif prompt is not None:
             # dummy-null: no model, so every prompt position scores 0 with no alternatives.
             total = len(prompt.targets)
@@ -401,6 +403,11 @@ class StepRunner:
         ok[mask_rows[(mask_rows >= 0) & (mask_rows < len(ok))]] = False  # grammar-masked rows need their whole row
         return np.flatnonzero(ok) if ok.any() else None
 
+    def _for_head(self) -> None:
+        """The float32 head on every core (the screen, when it decides, shares its rows out itself)."""
+        if self.cpu is not None:
+            self.cpu.for_head()
+
     def _sample_screened(self, rows: torch.Tensor, screened: np.ndarray, sampled: list[RequestState], token_mask: TokenMask | None) -> SampleOutput:
         """Tokens of the screened rows from the screen; the rest of the rows (and the
         screened ones it leaves undecided) get float32 logits and the sampler."""
@@ -408,13 +415,15 @@ class StepRunner:
         assert model is not None and model.lm_head.screen is not None
         tokens = np.full(len(sampled), -1, dtype=np.int64)
         temperatures = [0.0 if is_greedy(sampled[i]) else sampled[i].sampling.temperature for i in screened]
-        tokens[screened] = model.lm_head.screen.sample(rows[torch.from_numpy(screened)], temperatures, self.sampler.generator)
+        shares = self.cpu.screen_shares() if self.cpu is not None else 1
+        tokens[screened] = model.lm_head.screen.sample(rows[torch.from_numpy(screened)], temperatures, self.sampler.generator, shares)
         rest = np.flatnonzero(tokens < 0)
         if len(rest) == 0:
             return SampleOutput(tokens.astype(np.int32), None, None, None, None)
         mask = None
         if token_mask is not None:  # masked rows are never screened, so all of them are in rest
             mask = TokenMask(np.searchsorted(rest, token_mask.rows), token_mask.bitmask)
+        self._for_head()
         logits = model.lm_head(rows[torch.from_numpy(rest)] if len(rest) < len(sampled) else rows)
         out = self.sampler.sample(logits, [sampled[i] for i in rest], mask)
         tokens[rest] = out.token_ids

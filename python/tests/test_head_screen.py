@@ -45,6 +45,8 @@ def test_greedy_tokens_equal_float32_argmax_with_near_ties_and_duplicates(kind):
     assert (got >= 0).all()
     assert got.tolist() == exact.tolist()
     assert got[95] == 10
+    # Rows shared out between threads (each share quantized on its own) decide the same tokens.
+    assert screen.sample(x, [0.0] * len(x), torch.Generator().manual_seed(0), shares=2).tolist() == exact.tolist()
     # The twins really are closer than the screen resolves: its own argmax misses some.
     assert (screen.approximate(x)[:, :vocab].argmax(dim=1) != exact).any()
 
@@ -102,14 +104,15 @@ def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> tuple[float, float]
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(
-    "temperature,margin,rounds,spread",
+    "temperature,margin,rounds,spread,shares",
     [
-        (1.0, NEAR_MARGIN, DRAW_ROUNDS, 4.0),  # the defaults: candidates hold nearly all the mass
-        (0.7, 0.0, 1, 3.0),  # no reach beyond 2b: many draws are refused, some rows left to the exact path
-        (1.5, 0.0, 0, 1.0),  # no rounds: the exact path draws every row
+        (1.0, NEAR_MARGIN, DRAW_ROUNDS, 4.0, 1),  # the defaults: candidates hold nearly all the mass
+        (1.0, NEAR_MARGIN, DRAW_ROUNDS, 4.0, 2),  # ... with the rows shared out between two threads
+        (0.7, 0.0, 1, 3.0, 1),  # no reach beyond 2b: many draws are refused, some rows left to the exact path
+        (1.5, 0.0, 0, 1.0, 1),  # no rounds: the exact path draws every row
     ],
 )
-def test_sampled_tokens_follow_the_float32_softmax(kind, temperature, margin, rounds, spread):
+def test_sampled_tokens_follow_the_float32_softmax(kind, temperature, margin, rounds, spread, shares):
     vocab, hidden, rows, batches = 300, 16, 500, 40
     weight = _head(vocab, hidden, 3, scale=1.0)
     x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(4))
@@ -127,7 +130,7 @@ def test_sampled_tokens_follow_the_float32_softmax(kind, temperature, margin, ro
     from_tail = 0
     batch = x.expand(rows, hidden).contiguous()
     for _ in range(batches):
-        got = screen.sample(batch, [temperature] * rows, g)
+        got = screen.sample(batch, [temperature] * rows, g, shares)
         undecided = got < 0
         left += int(undecided.sum())
         from_tail += int(below[got[~undecided]].sum())

@@ -195,7 +195,7 @@ def test_the_head_screen_changes_no_deterministic_token_in_mixed_batches(model_d
         decided = []
         if screen_on:
             sample = screen.sample
-            screen.sample = lambda x, temps, g: decided.append(len(temps)) or sample(x, temps, g)
+            screen.sample = lambda x, temps, g, shares=1: decided.append(len(temps)) or sample(x, temps, g, shares)
         else:
             r.model.lm_head.screen = None
         requests = [SimRequest(i, p, 10, s, arrive_step=i % 3) for i, (p, s) in enumerate(zip(prompts, params))]
