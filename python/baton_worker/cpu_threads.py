@@ -1,16 +1,18 @@
-"""How a CPU worker spends its cores: torch's OpenMP threads only on operators
-big enough to gain from them, plain threads for the head screen.
+"""How a CPU worker spends its cores on a step: torch's OpenMP threads, or plain
+threads for the head screen.
 
 A decode step's layers are many small operators: on 2 cores they ran no faster
 on 2 OpenMP threads than on 1 (19.7M Llama, 32 rows: 3.1 vs 3.5 ms; 256 rows:
 18.6 vs 15.5), and under serving load each parallel region waits for a thread
-that the server and its clients have taken the core from. A prefill chunk of
-2048 tokens gains (21 ms on 2 threads, 30-40 on 1). So a step's layers get
-every core from PARALLEL_STEP_TOKENS new tokens up, else one thread; the
-float32 head (the exact path) always gets every core; and the head screen
-splits its rows between plain threads, one OpenMP thread each
-(head_screen.py): independent shares with a single join, instead of a
-barrier per operator.
+that the server and its clients have taken the core from. The head screen's
+work, by contrast, splits into independent shares of rows with one join. So a
+step of fewer than PARALLEL_STEP_TOKENS new tokens whose screened rows are
+many enough to share (head_screen.SPLIT_ROWS) runs its layers on one thread
+and screens one share per core, each on a plain thread with one OpenMP
+thread. Every other step runs on every core as one team: prefill chunks gain
+from it (2048 tokens: 21 ms on 2 threads, 30-40 on 1), and so does a screen
+of a few rows, whose GEMM reads the whole head for them. The float32 head
+(the exact path) always runs on every core.
 """
 
 from __future__ import annotations
@@ -34,14 +36,18 @@ class CpuThreads:
             torch.set_num_threads(threads)
             self._current = threads
 
-    def for_layers(self, num_tokens: int) -> None:
-        self._use(self.cores if num_tokens >= PARALLEL_STEP_TOKENS else 1)
-
-    def screen_shares(self) -> int:
-        """How many plain threads the head screen may use after the layers: one per
-        core when the layers ran on one thread; else none besides the caller, whose
-        OpenMP threads are awake (and spinning) already."""
-        return self.cores if self._current == 1 else 1
+    def for_step(self, num_tokens: int, screened_rows: int, split_rows: range) -> int:
+        """Sets the threads of a step's layers and returns how many plain threads
+        the head screen may share its rows out to. One thread and a share per
+        core for a small step whose screened rows are in split_rows (a step with
+        fewer rows reads the whole head for a few: one thread alone would read it
+        at half the speed); every core and no sharing otherwise."""
+        if num_tokens < PARALLEL_STEP_TOKENS and screened_rows in split_rows:
+            self._use(1)
+            return self.cores
+        self._use(self.cores)
+        return 1
 
     def for_head(self) -> None:
+        """The float32 head (the exact path) on every core."""
         self._use(self.cores)

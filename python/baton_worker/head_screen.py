@@ -55,15 +55,18 @@ from .sampler import edits_logits, is_greedy
 # step: 49 ms instead of 30 for 256 rows of the 19.7M Llama's int8 head), and
 # oneDNN's GEMM is as fast per row at 32 as at 256.
 SCREEN_ROWS = 32
-# Rows from which a step's rows may be split into one share per core (the
-# caller says how many: cpu_threads.py), each screened by a plain thread with
+# The numbers of a step's screened rows at which its caller shares them out,
+# one share per core (cpu_threads.py), each screened by a plain thread with
 # one OpenMP thread (the GEMM, block maxima and decisions of a share hold no
-# GIL). Below it, oneDNN's GEMM splits the vocabulary between the cores
-# instead: a few rows read the whole head, and one thread alone reads it at
-# half the speed. On the 19.7M Llama (2 cores,
-# 32 rows at T=1, served with its clients on the same cores): 2554-2786
-# output tok/s split against 1850-2044 on 2 OpenMP threads.
-SPLIT_ROWS = 16
+# GIL). On the 19.7M Llama (2 cores, 32 rows, served with its clients on the
+# same cores): 2545-2609 output tok/s at T=1 shared, against 1971-2318 on 2
+# OpenMP threads. Fewer rows are screened on every core: oneDNN's GEMM splits
+# the vocabulary instead, since a few rows read the whole head, and one thread
+# alone reads it at half the speed (1 row: 1.0 ms on 2 threads, about 2.3 on
+# 1). So are more: each share reads the whole head once per SCREEN_ROWS rows,
+# and alone on the machine 256 shared rows took 67-80 ms against 35-58
+# (served at 256 requests, the two were even).
+SPLIT_ROWS = range(16, 65)
 # Tokens per block of the screen's block maxima (a [rows, vocab / 64] table is
 # cheap to scan for the blocks that hold candidates).
 SCREEN_BLOCK = 64
@@ -263,7 +266,8 @@ class HeadScreen:
     def sample(self, x: torch.Tensor, temperatures: list[float], generator: torch.Generator, shares: int = 1) -> np.ndarray:
         """x: float32 head input [rows, hidden] (after the final norm); temperatures:
         0 for a greedy row; shares: how many plain threads may screen parts of the
-        rows (1: the calling thread alone, on its OpenMP threads; SPLIT_ROWS).
+        rows (1: the calling thread alone, on its OpenMP threads; SPLIT_ROWS says
+        when a caller should ask for more).
         Returns int64 [rows]: each row's token, or -1 where the exact path must
         decide."""
         rows = x.shape[0]
@@ -277,8 +281,8 @@ class HeadScreen:
                 chunk = slice(i, min(i + SCREEN_ROWS, span.stop))
                 tokens[chunk] = self._sample_rows(x[chunk], temps[chunk], uniforms[chunk])
 
-        shares = min(shares, self.threads)
-        if rows < SPLIT_ROWS or shares <= 1 or self._shares is None:
+        shares = min(shares, self.threads, rows)
+        if shares <= 1 or self._shares is None:
             screen(slice(0, rows))
             return tokens
         edges = [rows * i // shares for i in range(shares + 1)]

@@ -33,7 +33,7 @@ from .model import DecoderModel
 from .persistent_batch import PersistentBatch, StepInputs
 from .protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from .request_state import RequestState
-from .head_screen import screens
+from .head_screen import SPLIT_ROWS, screens
 from .sampler import SampleOutput, Sampler, TokenMask, is_greedy
 from .token_bitmask import words_per_row
 
@@ -114,20 +114,20 @@ class StepRunner:
         replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
         t1 = time.perf_counter()
         logits = None
-        head_rows = None  # with a screen: the head's input rows, and which sampled rows it decides
+        head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
             logits = self.graphs.run(inputs) if self.graphs is not None and replace is None and prompt is None else None
             if logits is None:
+                screened = self._screened(sampled, step.mask_rows) if prompt is None else None
+                shares = 1
                 if self.cpu is not None:
-                    self.cpu.for_layers(len(inputs.input_ids_host))
+                    shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS)
                 self.attention.prepare(inputs.attention)
                 hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention, replace)
-                screened = self._screened(sampled, step.mask_rows) if prompt is None else None
                 if screened is not None:
-                    head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened)
+                    head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened, shares)
                 else:
-                    self._for_head()
                     logits = self.model.logits(hidden, inputs.logits_indices)
                 if prompt is not None:
                     prompt_out = self._prompt_logprobs(hidden, prompt)
@@ -141,7 +141,7 @@ class StepRunner:
             # Waiting for a grammar mask counts as sampling time: the forward pass is done.
             token_mask = self._token_mask(step, len(sampled), wait_mask)
             if head_rows is not None:
-                out = self._sample_screened(head_rows[0], head_rows[1], sampled, token_mask)
+                out = self._sample_screened(*head_rows, sampled, token_mask)
             else:
                 out = self._sample(logits, sampled, inputs, token_mask)
         else:
@@ -403,19 +403,15 @@ class StepRunner:
         ok[mask_rows[(mask_rows >= 0) & (mask_rows < len(ok))]] = False  # grammar-masked rows need their whole row
         return np.flatnonzero(ok) if ok.any() else None
 
-    def _for_head(self) -> None:
-        """The float32 head on every core (the screen, when it decides, shares its rows out itself)."""
-        if self.cpu is not None:
-            self.cpu.for_head()
-
-    def _sample_screened(self, rows: torch.Tensor, screened: np.ndarray, sampled: list[RequestState], token_mask: TokenMask | None) -> SampleOutput:
-        """Tokens of the screened rows from the screen; the rest of the rows (and the
-        screened ones it leaves undecided) get float32 logits and the sampler."""
+    def _sample_screened(self, rows: torch.Tensor, screened: np.ndarray, shares: int, sampled: list[RequestState],
+                         token_mask: TokenMask | None) -> SampleOutput:
+        """Tokens of the screened rows from the screen (shared out to `shares`
+        threads); the rest of the rows (and the screened ones it leaves
+        undecided) get float32 logits and the sampler."""
         model = self.model
         assert model is not None and model.lm_head.screen is not None
         tokens = np.full(len(sampled), -1, dtype=np.int64)
         temperatures = [0.0 if is_greedy(sampled[i]) else sampled[i].sampling.temperature for i in screened]
-        shares = self.cpu.screen_shares() if self.cpu is not None else 1
         tokens[screened] = model.lm_head.screen.sample(rows[torch.from_numpy(screened)], temperatures, self.sampler.generator, shares)
         rest = np.flatnonzero(tokens < 0)
         if len(rest) == 0:
@@ -423,7 +419,8 @@ class StepRunner:
         mask = None
         if token_mask is not None:  # masked rows are never screened, so all of them are in rest
             mask = TokenMask(np.searchsorted(rest, token_mask.rows), token_mask.bitmask)
-        self._for_head()
+        if self.cpu is not None:
+            self.cpu.for_head()
         logits = model.lm_head(rows[torch.from_numpy(rest)] if len(rest) < len(sampled) else rows)
         out = self.sampler.sample(logits, [sampled[i] for i in rest], mask)
         tokens[rest] = out.token_ids
