@@ -64,8 +64,8 @@ SCREEN_ROWS = 32
 # the vocabulary instead, since a few rows read the whole head, and one thread
 # alone reads it at half the speed (1 row: 1.0 ms on 2 threads, about 2.3 on
 # 1). So are more: each share reads the whole head once per SCREEN_ROWS rows,
-# and alone on the machine 256 shared rows took 67-80 ms against 35-58
-# (served at 256 requests, the two were even).
+# and alone on the machine the sampling of 256 shared rows took 67-80 ms
+# against 35-58 (served at 256 requests, the two were even).
 SPLIT_ROWS = range(16, 65)
 # Tokens per block of the screen's block maxima (a [rows, vocab / 64] table is
 # cheap to scan for the blocks that hold candidates).
@@ -271,7 +271,7 @@ class HeadScreen:
         Returns int64 [rows]: each row's token, or -1 where the exact path must
         decide."""
         rows = x.shape[0]
-        # Drawn here, in row order, so that the tokens do not depend on how rows are shared.
+        # Drawn here, in row order: the generator's stream does not depend on how rows are shared.
         uniforms = torch.rand(rows, self.rounds, 3, dtype=torch.float64, generator=generator).numpy()
         temps = np.asarray(temperatures, dtype=np.float64)
         tokens = np.empty(rows, dtype=np.int64)
