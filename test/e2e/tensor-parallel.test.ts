@@ -31,6 +31,7 @@ import { health, metric, promptIds, streamCompletion, waitFor, waitForHealth, wo
 const ENV = { ...process.env, OMP_NUM_THREADS: "1" };
 const TP = ["--tensor-parallel-size", "2", "--dtype", "float32"];
 const MAX_TOKENS = 16;
+const PRESSURE_TOKENS = 48;
 const SHARED = "You are a careful assistant. Answer briefly and exactly, in plain words. ";
 const PROMPTS = [
   "Hi",
@@ -47,7 +48,12 @@ interface ArchCase {
   arch: string;
   variant: number;
   flags: string[];
-  /** A KV cache small enough to preempt, and a first request whose prefix the others reuse. */
+  /**
+   * A KV cache small enough to preempt, and a first request whose prefix the others reuse.
+   * The requests are long enough (PRESSURE_TOKENS) to overlap even when a loaded machine
+   * spreads their arrivals: together they need about 3x the cache. (At 16 tokens, arrivals
+   * 60 ms apart never preempted; at 48 they preempted 8-10 times.)
+   */
   pressure?: boolean;
 }
 
@@ -60,8 +66,8 @@ const CASES: ArchCase[] = [
   { arch: "qwen3", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "4"] },
 ];
 
-function complete(server: RunningServer, model: string, prompt: string): Promise<{ status: number; body: CompletionWithIds }> {
-  return postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model, prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true });
+function complete(server: RunningServer, model: string, prompt: string, maxTokens: number): Promise<{ status: number; body: CompletionWithIds }> {
+  return postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model, prompt, max_tokens: maxTokens, temperature: 0, return_token_ids: true });
 }
 
 for (const { arch, variant, flags, pressure } of CASES) {
@@ -81,8 +87,9 @@ for (const { arch, variant, flags, pressure } of CASES) {
 
     test("greedy tokens equal transformers generate for concurrent requests", async () => {
       // Under pressure the first request runs alone, so the others can hit its cached prefix.
-      const first = pressure ? [await complete(server!, arch, PROMPTS[4]!)] : [];
-      const rest = await Promise.all(PROMPTS.map((p) => complete(server!, arch, p)));
+      const maxTokens = pressure ? PRESSURE_TOKENS : MAX_TOKENS;
+      const first = pressure ? [await complete(server!, arch, PROMPTS[4]!, maxTokens)] : [];
+      const rest = await Promise.all(PROMPTS.map((p) => complete(server!, arch, p, maxTokens)));
       const responses = [...first, ...rest];
       for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
       if (pressure) {
@@ -92,7 +99,7 @@ for (const { arch, variant, flags, pressure } of CASES) {
       const promptIdsList = responses.map((r) => promptIdsOf(r.body));
       const got = responses.map((r) => r.body.choices[0]?.token_ids ?? []);
       await server!.stop();
-      const expected = transformersGreedy(dir, promptIdsList, MAX_TOKENS);
+      const expected = transformersGreedy(dir, promptIdsList, maxTokens);
       got.forEach((tokens, i) => assert.deepEqual(tokens, expected[i], `prompt ${i} (${promptIdsList[i]?.length} tokens) diverged`));
       assert.ok(new Set(got.flat()).size >= 20, "outputs are not varied enough to prove parity");
     });
