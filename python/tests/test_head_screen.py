@@ -52,6 +52,50 @@ def test_greedy_tokens_equal_float32_argmax_with_near_ties_and_duplicates(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_every_approximate_logit_is_within_its_rows_bound(kind):
+    """The screen is exact only if |approx - float32 logit| <= b for every token:
+    rows of very different sizes (int8 rows share one scale), outliers in x and in
+    the head, a zero row, heads of several widths."""
+    g = torch.Generator().manual_seed(20)
+    worst = 0.0
+    for hidden in (8, 64, 256):
+        weight = _head(SCREEN_BLOCK * 20 + 3, hidden, hidden)
+        weight[7] = 0.0
+        weight[9, 0] = 3.0  # one large entry: its row's int8 scale is coarse
+        weight[100:120] *= 40
+        x = torch.randn(12, hidden, generator=g)
+        x[1] *= 1e-3  # tiny beside the step's scale
+        x[2] *= 50
+        x[3, hidden // 2] = 200.0  # an outlier
+        x[4] = 0.0
+        x[5] = weight[9] * 7
+        screen = HeadScreen(weight, kind)
+        approx, bound = screen.project(x)
+        err = (approx[:, : weight.shape[0]].double() - (x @ weight.t()).double()).abs().amax(dim=1)
+        assert (err <= bound).all(), f"hidden {hidden}: errors {err.tolist()} over bounds {bound.tolist()}"
+        worst = max(worst, float((err / bound)[bound > 0].max()))
+    assert worst > 0.05  # the check compares real errors, not zeros
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_bound_holds_where_it_is_nearly_tight(kind):
+    """In 1 to 4 dimensions a rounding error can nearly line up with the head's
+    row, so the bound is close to the largest error: heads and rows of random
+    sizes, each token's error within its row's bound."""
+    g = torch.Generator().manual_seed(21)
+    worst = 0.0
+    for trial in range(120):
+        hidden = 1 + trial % 4
+        weight = torch.randn(SCREEN_BLOCK * 8, hidden, generator=g) * math.exp(float(torch.randn(1, generator=g)) * 2)
+        x = torch.randn(8, hidden, generator=g) * torch.exp(torch.randn(8, 1, generator=g) * 2)
+        approx, bound = HeadScreen(weight, kind).project(x)
+        err = (approx[:, : weight.shape[0]].double() - (x @ weight.t()).double()).abs().amax(dim=1)
+        assert (err <= bound).all(), f"trial {trial}: errors {err.tolist()} over bounds {bound.tolist()}"
+        worst = max(worst, float((err / bound).max()))
+    assert worst > 0.8
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_row_that_is_not_finite_is_left_to_the_exact_path(kind):
     weight = _head(300, 16, 2)
     x = torch.randn(3, 16)
