@@ -4,11 +4,18 @@
 // group) before the next starts, also when a run fails. Run i at every server
 // uses seed + i, so both servers get the same prompts and no run repeats
 // another's prompts (a server with a prefix cache gains nothing from order).
+//
+// With rounds > 1 the servers take turns, in ABBA order (Baton first in even
+// rounds, the peer first in odd ones), so a machine that drifts slower or
+// faster during the run weighs on both alike. Each round's ratio compares two
+// measurements minutes apart at most; the table gives the median over rounds
+// and every round's ratio.
 
 import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { resolvePythonEnv } from "../worker/python-env.js";
+import { percentile } from "./metrics.js";
 import { COMPARE_METRICS, compareTable, resultJson, resultTable, dateStamp, type CompareRow, type ResultJson } from "./report.js";
 import { BenchError, runServeBench, type ServeBenchOptions } from "./serve-bench.js";
 import { freePort, ServerProcess, ServerStartError, type ServerSpec } from "./server-process.js";
@@ -52,10 +59,13 @@ export interface CompareOptions {
   workload: ServeBenchOptions;
   startTimeoutMs: number;
   repoRoot: string;
+  /** Turns each server takes (ABBA order); 1: Baton, then the peer. */
+  rounds: number;
 }
 
 export interface CompareRun {
   server: string;
+  round: number;
   temperature: number;
   result: ResultJson;
 }
@@ -126,49 +136,71 @@ export async function runCompare(options: CompareOptions, log: (line: string) =>
   ];
   const runs: CompareRun[] = [];
   const date = dateStamp();
-  for (const server of servers) {
-    const port = await freePort(HOST);
-    const spec = server.spec(port);
-    log(`starting ${server.name}: ${typeof spec.command === "string" ? spec.command : spec.command.join(" ")}`);
-    let process_: ServerProcess;
-    try {
-      process_ = await ServerProcess.start(spec);
-    } catch (error) {
-      if (error instanceof ServerStartError) throw new BenchError(error.message);
-      throw error;
-    }
-    try {
-      for (const [i, temperature] of options.temperatures.entries()) {
-        log(`${server.name}: temperature ${temperature}, ${options.workload.numPrompts} requests`);
-        const run = await runServeBench(
-          {
-            ...options.workload,
-            baseUrl: spec.baseUrl,
-            model: server.model,
-            tokenizer: modelDir,
-            temperature,
-            seed: options.workload.seed + i,
-            label: server.name,
-          },
-          log,
-        );
-        process.stderr.write(`${server.name}, temperature ${temperature}:\n${resultTable(run.info, run.metrics)}`);
-        runs.push({ server: server.name, temperature, result: resultJson(run.info, run.metrics, date) });
+  const temperatures = options.temperatures;
+  for (let round = 0; round < options.rounds; round++) {
+    const order = round % 2 === 0 ? servers : [...servers].reverse();
+    for (const server of order) {
+      const port = await freePort(HOST);
+      const spec = server.spec(port);
+      const turn = options.rounds > 1 ? ` (round ${round + 1} of ${options.rounds})` : "";
+      log(`starting ${server.name}${turn}: ${typeof spec.command === "string" ? spec.command : spec.command.join(" ")}`);
+      let process_: ServerProcess;
+      try {
+        process_ = await ServerProcess.start(spec);
+      } catch (error) {
+        if (error instanceof ServerStartError) throw new BenchError(error.message);
+        throw error;
       }
-    } finally {
-      log(`stopping ${server.name}`);
-      await process_.stop();
+      try {
+        for (const [i, temperature] of temperatures.entries()) {
+          log(`${server.name}${turn}: temperature ${temperature}, ${options.workload.numPrompts} requests`);
+          const run = await runServeBench(
+            {
+              ...options.workload,
+              baseUrl: spec.baseUrl,
+              model: server.model,
+              tokenizer: modelDir,
+              temperature,
+              // The same prompts for both servers within a round, new ones in each round.
+              seed: options.workload.seed + round * temperatures.length + i,
+              label: server.name,
+            },
+            log,
+          );
+          process.stderr.write(`${server.name}${turn}, temperature ${temperature}:\n${resultTable(run.info, run.metrics)}`);
+          runs.push({ server: server.name, round, temperature, result: resultJson(run.info, run.metrics, date) });
+        }
+      } finally {
+        log(`stopping ${server.name}`);
+        await process_.stop();
+      }
     }
   }
   const rows: CompareRow[] = [];
-  for (const temperature of options.temperatures) {
-    const baton = runs.find((r) => r.server === "baton" && r.temperature === temperature)?.result;
-    const peer = runs.find((r) => r.server === options.peer.name && r.temperature === temperature)?.result;
-    if (!baton || !peer) continue;
-    if (baton.total_output_tokens !== peer.total_output_tokens) {
-      log(`temperature ${temperature}: Baton generated ${String(baton.total_output_tokens)} tokens, ${options.peer.name} ${String(peer.total_output_tokens)}: the workloads differ`);
+  for (const temperature of temperatures) {
+    const pairs: { baton: ResultJson; peer: ResultJson }[] = [];
+    for (let round = 0; round < options.rounds; round++) {
+      const at = (name: string): ResultJson | undefined => runs.find((r) => r.server === name && r.round === round && r.temperature === temperature)?.result;
+      const baton = at("baton");
+      const peer = at(options.peer.name);
+      if (!baton || !peer) continue;
+      if (baton.total_output_tokens !== peer.total_output_tokens) {
+        log(`temperature ${temperature}: Baton generated ${String(baton.total_output_tokens)} tokens, ${options.peer.name} ${String(peer.total_output_tokens)}: the workloads differ`);
+      }
+      pairs.push({ baton, peer });
     }
-    for (const { key, label } of COMPARE_METRICS) rows.push({ temperature, metric: label, baton: Number(baton[key]), peer: Number(peer[key]) });
+    if (pairs.length === 0) continue;
+    const median = (values: number[]): number => percentile(values.sort((a, b) => a - b), 50);
+    for (const { key, label } of COMPARE_METRICS) {
+      const value = (r: ResultJson): number => Number(r[key]);
+      rows.push({
+        temperature,
+        metric: label,
+        baton: median(pairs.map((p) => value(p.baton))),
+        peer: median(pairs.map((p) => value(p.peer))),
+        ratios: pairs.map((p) => (value(p.peer) === 0 ? Number.NaN : value(p.baton) / value(p.peer))),
+      });
+    }
   }
   return { runs, rows, table: compareTable(options.peer.name, rows) };
 }

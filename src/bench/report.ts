@@ -2,7 +2,7 @@
 // result JSON (same key names, so tools that read vLLM's files read ours).
 
 import { basename } from "node:path";
-import { LATENCY_METRICS, type BenchMetrics, type LatencyMetric } from "./metrics.js";
+import { LATENCY_METRICS, percentile, type BenchMetrics, type LatencyMetric } from "./metrics.js";
 
 export interface RunInfo {
   baseUrl: string;
@@ -128,12 +128,17 @@ export function resultJson(info: RunInfo, m: BenchMetrics, date: string): Result
   return out;
 }
 
-/** One line of the compare table: a metric of both servers and Baton's value over the peer's. */
+/**
+ * One line of the compare table: a metric of both servers (the median over
+ * rounds) and Baton's value over the peer's in each round (NaN where the
+ * peer's is 0).
+ */
 export interface CompareRow {
   temperature: number;
   metric: string;
   baton: number;
   peer: number;
+  ratios: number[];
 }
 
 export const COMPARE_METRICS: readonly { key: string; label: string }[] = [
@@ -144,12 +149,23 @@ export const COMPARE_METRICS: readonly { key: string; label: string }[] = [
   { key: "median_e2el_ms", label: "E2EL p50 (ms)" },
 ];
 
+/**
+ * The compare table. With one round, Baton / peer is the two values' ratio;
+ * with more, it is the median of the rounds' ratios, and a last column lists
+ * each round's ratio in order.
+ */
 export function compareTable(peerName: string, rows: readonly CompareRow[]): string {
   const fmt = (v: number): string => (Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(2));
-  const lines = [
-    `| temperature | metric | Baton | ${peerName} | Baton / ${peerName} |`,
-    "| --- | --- | ---: | ---: | ---: |",
-    ...rows.map((r) => `| ${r.temperature} | ${r.metric} | ${fmt(r.baton)} | ${fmt(r.peer)} | ${r.peer === 0 ? "-" : `${(r.baton / r.peer).toFixed(2)}x`} |`),
-  ];
-  return `${lines.join("\n")}\n`;
+  const times = (v: number): string => (Number.isFinite(v) ? `${v.toFixed(2)}x` : "-");
+  const rounds = Math.max(1, ...rows.map((r) => r.ratios.length));
+  const head = `| temperature | metric | Baton | ${peerName} | Baton / ${peerName} |`;
+  const rule = "| --- | --- | ---: | ---: | ---: |";
+  const line = (r: CompareRow): string => {
+    const finite = r.ratios.filter(Number.isFinite).sort((a, b) => a - b);
+    const ratio = `| ${r.temperature} | ${r.metric} | ${fmt(r.baton)} | ${fmt(r.peer)} | ${finite.length > 0 ? times(percentile(finite, 50)) : "-"} |`;
+    if (rounds === 1) return ratio;
+    return `${ratio} ${r.ratios.map(times).join(", ")} |`;
+  };
+  const lines = rounds === 1 ? [head, rule] : [`${head} per round |`, `${rule} --- |`];
+  return `${[...lines, ...rows.map(line)].join("\n")}\n`;
 }

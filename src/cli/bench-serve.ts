@@ -81,6 +81,9 @@ Servers:
   --peer-name NAME         its name in the table (default peer)
   --peer-model NAME        the model name requests to it carry (default: {model}, the path)
   --temperatures LIST      comma-separated (default 0,1)
+  --rounds N               turns each server takes, in ABBA order (Baton first in
+                           odd rounds, the peer in even ones); the table gives medians
+                           and each round's ratio (default 1)
   --start-timeout S        seconds to wait for each server (default 600)
 
 ${WORKLOAD_HELP}
@@ -136,6 +139,7 @@ const COMPARE_FLAGS = {
   "peer-name": { type: "string" },
   "peer-model": { type: "string" },
   temperatures: { type: "string" },
+  rounds: { type: "string" },
   "start-timeout": { type: "string" },
 } as const;
 
@@ -159,6 +163,7 @@ export interface CompareArgs extends OutputArgs {
   batonArgs: string[];
   peer: PeerSpec | "transformers";
   temperatures: number[];
+  rounds: number;
   startTimeoutS: number;
   workload: ServeBenchOptions;
 }
@@ -328,6 +333,7 @@ export function parseCompareArgs(args: readonly string[]): CompareArgs {
     batonArgs: (values["serve-args"] ?? "").split(/\s+/).filter((s) => s !== ""),
     peer,
     temperatures: list(values.temperatures ?? "0,1", "temperatures", (n) => n >= 0, "temperatures >= 0"),
+    rounds: int(values.rounds, "rounds", 1, 1),
     startTimeoutS: float(values["start-timeout"], "start-timeout", (n) => n > 0, "seconds > 0", 600),
     workload: { ...workload, baseUrl: new URL("http://127.0.0.1/"), model: null, tokenizer: null, temperature: 0, apiKey: null, label: null },
     ...outputArgs(values),
@@ -385,6 +391,7 @@ export async function runCompareCommand(args: CompareArgs, repoRoot: string): Pr
         batonArgs: args.batonArgs,
         peer,
         temperatures: args.temperatures,
+        rounds: args.rounds,
         workload: args.workload,
         startTimeoutMs: args.startTimeoutS * 1000,
         repoRoot,
