@@ -5,28 +5,15 @@
 // ratio. No timing assertions (shared, noisy machines).
 
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, test } from "node:test";
-import { demoModelDir, processesMatching, removeDir, repoRoot, tempDir } from "../e2e/harness.js";
+import { demoModelDir, processesMatching, removeDir, repoRoot, runCliAsync, tempDir } from "../e2e/harness.js";
 
-const cli = join(repoRoot, "bin", "baton.mjs");
 const skip = !existsSync(join(demoModelDir, "tokenizer.json")) && "no demo model (npm run setup)";
 
-function bench(args: string[], timeoutMs: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [cli, "bench", ...args], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
-    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
-    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
-    child.on("exit", (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
+function bench(args: string[], timeoutMs?: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return runCliAsync(["bench", ...args], timeoutMs);
 }
 
 interface Run {
@@ -46,7 +33,7 @@ after(() => {
 
 test("bench compare --rounds 2: ABBA turns, the same prompts for both servers in a round, each round's ratio", { skip, timeout: 300_000 }, async () => {
   const peerModel = `${MARKER}-peer`;
-  const peerCommand = `${process.execPath} ${cli} serve {model} --host {host} --port {port} --served-model-name ${peerModel} --log-level warn`;
+  const peerCommand = `${process.execPath} ${join(repoRoot, "bin", "baton.mjs")} serve {model} --host {host} --port {port} --served-model-name ${peerModel} --log-level warn`;
   const prompts = 6;
   const run = await bench(
     [

@@ -5,34 +5,20 @@
 // stderr and a non-zero exit. No timing assertions (shared, noisy machines).
 
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
-import { demoModelDir, removeDir, repoRoot, startServer, tempDir, type RunningServer } from "../e2e/harness.js";
+import { demoModelDir, removeDir, runCliAsync, startServer, tempDir, type RunningServer } from "../e2e/harness.js";
 
-const cli = join(repoRoot, "bin", "baton.mjs");
 const skip = !existsSync(join(demoModelDir, "tokenizer.json")) && "no demo model (npm run setup)";
 
 const PROMPTS = 8;
 const INPUT_LEN = 24;
 const OUTPUT_LEN = 12;
 
-/** The CLI as a child process (async, so a slow run does not block the test's event loop). */
-function bench(args: string[], timeoutMs = 90_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const child = spawn(process.execPath, [cli, "bench", ...args], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
-    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
-    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
-    child.on("exit", (code) => {
-      clearTimeout(timer);
-      resolve({ code, stdout, stderr });
-    });
-  });
+function bench(args: string[], timeoutMs?: number): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return runCliAsync(["bench", ...args], timeoutMs);
 }
 
 async function counters(url: string): Promise<{ prompt: number; generation: number }> {

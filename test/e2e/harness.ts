@@ -80,6 +80,22 @@ export function runCli(args: string[], timeoutMs = 120_000): { code: number | nu
   return { code: result.status, stderr: result.stderr, stdout: result.stdout };
 }
 
+/** The CLI as a child process, async (a slow run does not block the test's event loop); SIGKILL after timeoutMs. */
+export function runCliAsync(args: string[], timeoutMs = 90_000): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [cli, ...args], { cwd: repoRoot, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    child.on("exit", (code) => {
+      clearTimeout(timer);
+      resolve({ code, stdout, stderr });
+    });
+  });
+}
+
 /** Pids of live processes whose command line contains `marker`. */
 export function processesMatching(marker: string): number[] {
   const pids: number[] = [];
