@@ -5,8 +5,8 @@
 // uses seed + i, so both servers get the same prompts and no run repeats
 // another's prompts (a server with a prefix cache gains nothing from order).
 //
-// With rounds > 1 the servers take turns, in ABBA order (Baton first in even
-// rounds, the peer first in odd ones), so a machine that drifts slower or
+// With rounds > 1 the servers take turns, in ABBA order (Baton first in the
+// 1st, 3rd, ... round, the peer first in the others), so a machine that drifts slower or
 // faster during the run weighs on both alike. Each round's ratio compares two
 // measurements minutes apart at most; the table gives the median over rounds
 // and every round's ratio.
@@ -15,7 +15,7 @@ import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { resolvePythonEnv } from "../worker/python-env.js";
-import { percentile } from "./metrics.js";
+import { median } from "./metrics.js";
 import { COMPARE_METRICS, compareTable, resultJson, resultTable, dateStamp, type CompareRow, type ResultJson } from "./report.js";
 import { BenchError, runServeBench, type ServeBenchOptions } from "./serve-bench.js";
 import { freePort, ServerProcess, ServerStartError, type ServerSpec } from "./server-process.js";
@@ -185,12 +185,11 @@ export async function runCompare(options: CompareOptions, log: (line: string) =>
       const peer = at(options.peer.name);
       if (!baton || !peer) continue;
       if (baton.total_output_tokens !== peer.total_output_tokens) {
-        log(`temperature ${temperature}: Baton generated ${String(baton.total_output_tokens)} tokens, ${options.peer.name} ${String(peer.total_output_tokens)}: the workloads differ`);
+        log(`round ${round + 1}, temperature ${temperature}: Baton generated ${String(baton.total_output_tokens)} tokens, ${options.peer.name} ${String(peer.total_output_tokens)}: the workloads differ`);
       }
       pairs.push({ baton, peer });
     }
     if (pairs.length === 0) continue;
-    const median = (values: number[]): number => percentile(values.sort((a, b) => a - b), 50);
     for (const { key, label } of COMPARE_METRICS) {
       const value = (r: ResultJson): number => Number(r[key]);
       rows.push({

@@ -59,6 +59,11 @@ export function mean(values: readonly number[]): number {
   return sum / values.length;
 }
 
+/** The median of values in any order (0 for none, as percentile). */
+export function median(values: readonly number[]): number {
+  return percentile([...values].sort((a, b) => a - b), 50);
+}
+
 /** numpy.percentile's default (linear interpolation between closest ranks); p in [0, 100]. */
 export function percentile(sorted: readonly number[], p: number): number {
   if (sorted.length === 0) return 0;

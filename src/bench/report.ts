@@ -2,7 +2,7 @@
 // result JSON (same key names, so tools that read vLLM's files read ours).
 
 import { basename } from "node:path";
-import { LATENCY_METRICS, percentile, type BenchMetrics, type LatencyMetric } from "./metrics.js";
+import { LATENCY_METRICS, median, type BenchMetrics, type LatencyMetric } from "./metrics.js";
 
 export interface RunInfo {
   baseUrl: string;
@@ -161,8 +161,8 @@ export function compareTable(peerName: string, rows: readonly CompareRow[]): str
   const head = `| temperature | metric | Baton | ${peerName} | Baton / ${peerName} |`;
   const rule = "| --- | --- | ---: | ---: | ---: |";
   const line = (r: CompareRow): string => {
-    const finite = r.ratios.filter(Number.isFinite).sort((a, b) => a - b);
-    const ratio = `| ${r.temperature} | ${r.metric} | ${fmt(r.baton)} | ${fmt(r.peer)} | ${finite.length > 0 ? times(percentile(finite, 50)) : "-"} |`;
+    const finite = r.ratios.filter(Number.isFinite);
+    const ratio = `| ${r.temperature} | ${r.metric} | ${fmt(r.baton)} | ${fmt(r.peer)} | ${finite.length > 0 ? times(median(finite)) : "-"} |`;
     if (rounds === 1) return ratio;
     return `${ratio} ${r.ratios.map(times).join(", ")} |`;
   };
