@@ -99,6 +99,20 @@ class Session:
             self.free += pages[i]
         return times
 
+    def prefill_ms(self, prompt_len: int, vocab: int) -> float:
+        """One request's whole prompt in one step, timed until its first token is on the host; then removed."""
+        req = self.next_req
+        self.next_req += 1
+        pages, length = {req: []}, {req: prompt_len}
+        prompt = i32(np.random.default_rng(req).integers(0, vocab, prompt_len))
+        t0 = time.perf_counter()
+        self._step([AddedRequest(req, prompt, prompt_len, SamplingParams(temperature=0.0))], [(req, prompt_len, 0)], pages, length)
+        ms = (time.perf_counter() - t0) * 1e3
+        self.runner.execute(Step(self.step_id, [], i32([req]), i32([]), i32([]), i32([]), i32([]), i32([]), np.zeros(0, np.uint8)))
+        self.step_id += 1
+        self.free += pages[req]
+        return ms
+
     def _step(self, added, rows, pages, length) -> None:
         counts, blocks = [], []
         for req, n, computed in rows:
@@ -113,6 +127,25 @@ class Session:
         result = self.runner.execute(step)  # returns once the sampled tokens are on the host
         for req in result.req_ids.tolist():
             length[req] += 1
+
+
+def copy_bandwidth_gbps(device: torch.device) -> float:
+    """Bytes read plus written per second by a large device-to-device copy (the roofline's bandwidth)."""
+    if device.type != "cuda":
+        return 50.0
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    del src, dst
+    return 2 * (1 << 30) / seconds / 1e9
 
 
 def roofline_bytes(config, batch: int, context: int, dtype_bytes: int) -> tuple[int, int]:
@@ -151,7 +184,10 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--block-size", type=int, default=16)
-    parser.add_argument("--hbm-gbps", type=float, default=4800.0, help="memory bandwidth, GB/s (H200: 4800)")
+    parser.add_argument("--hbm-gbps", type=float, help="memory bandwidth, GB/s (default: measured by a device-to-device copy)")
+    parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--prefill-len", type=int, nargs="*", default=[], help="also time one request's prefill step of these lengths")
     parser.add_argument("--profile", action="store_true", help="torch.profiler over a few decode steps at the first batch size")
     parser.add_argument("--trace", default="gpu_decode_trace.json")
     parser.add_argument("--json", help="also write the rows here")
@@ -162,7 +198,8 @@ def main() -> None:
         pages = -(-(args.prompt_len + args.steps + 4) // args.block_size)
         num_blocks = max(args.batch) * pages + 16
         opts = WorkerOptions(model=str(model), in_endpoint="", out_endpoint="", block_size=args.block_size, num_blocks=num_blocks,
-                             dtype=args.dtype, device=args.device, load_format="dummy", seed=0)
+                             dtype=args.dtype, device=args.device, load_format="dummy", seed=0, enforce_eager=args.enforce_eager,
+                             attention_backend=args.attention_backend)
         t0 = time.perf_counter()
         loaded = load_worker(opts)
         device = resolve_device(args.device)
@@ -170,6 +207,9 @@ def main() -> None:
         print(f"{args.preset} ({args.dtype}, random weights) on {device}: loaded in {time.perf_counter() - t0:.1f} s, "
               f"{num_blocks} KV blocks of {args.block_size}, CUDA graphs: {loaded.runner.graphs is not None}", flush=True)
         config, runner = loaded.config, loaded.runner
+        if args.hbm_gbps is None:
+            args.hbm_gbps = copy_bandwidth_gbps(device)
+            print(f"measured copy bandwidth (read + write): {args.hbm_gbps:.0f} GB/s", flush=True)
         session = Session(runner, args.block_size, num_blocks)
         session.run(min(args.batch), args.prompt_len, 3, config.vocab_size)  # warm-up (kernels, graphs, allocator)
         dtype_bytes = torch.finfo(dtype).bits // 8
@@ -185,6 +225,10 @@ def main() -> None:
                    "tokens_per_s": round(batch / ms * 1e3, 1), "weight_gb": round(weights / 1e9, 3), "kv_gb": round(kv / 1e9, 3)}
             rows.append(row)
             print(f"{batch:>5} {ms:>9.3f} {roof:>12.3f} {roof / ms:>10.3f} {row['tokens_per_s']:>10.1f} {row['weight_gb']:>10.3f} {row['kv_gb']:>8.3f}", flush=True)
+        for length in args.prefill_len:
+            times = [session.prefill_ms(length, config.vocab_size) for _ in range(4)]
+            print(f"prefill of one {length}-token prompt (the step that samples its first token): "
+                  f"{statistics.median(times[1:]):.1f} ms median of {len(times) - 1} (first {times[0]:.1f} ms)", flush=True)
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 

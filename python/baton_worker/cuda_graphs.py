@@ -1,58 +1,121 @@
-"""CUDA graphs for decode-only steps (CUDA with the flex backend only).
+"""CUDA graphs for decode-only steps (the Triton attention backend on CUDA).
 
 One graph per batch-size bucket, captured at load time from the largest down
 (sharing one memory pool); a decode step of R rows replays the smallest
-bucket >= R with its inputs padded by repeating the last row. Steps with any
-prefill chunk, or more rows than the largest bucket, run eagerly.
+bucket >= R with its inputs padded by repeating the last row (same slot, same
+K/V: writing it twice is harmless). Steps with any prefill chunk, prompt
+embeddings or prompt logprobs, or more rows than the largest bucket, run
+eagerly.
 
-NOT RUN ON A GPU YET: no GPU was lent while this was written. Loading falls
-back to eager steps (with a message on stderr) if capture fails.
+A captured graph replays raw device addresses, so ownership is the rule here:
+DecodeGraphs owns the static inputs (sized for the largest bucket), and each
+DecodeGraph owns its attention plan (views of those inputs) and its logits,
+and holds the static inputs too. Nothing a replay reads is reachable only
+through an attribute that a later step or a later capture replaces; the
+backend itself keeps no per-step state.
+
+Without capture (on CPU) the same static path runs eagerly, which is how the
+tests check it against the normal path.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
-from .attention import FlexBackend
+from .attention.triton_attention import TritonBackend, TritonPlan
 from .model import DecoderModel
 from .persistent_batch import StepInputs
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
-class DecodeGraphs:
-    def __init__(self, model: DecoderModel, attention: FlexBackend, max_pages: int):
-        self.model, self.attention = model, attention
-        device = attention.device
-        largest = BATCH_SIZES[-1]
-        self.input_ids = torch.zeros(largest, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(largest, dtype=torch.int64, device=device)
-        self.rows = torch.arange(largest, device=device)
-        attention.static_decode(largest, max_pages)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
-        pool = None
-        for size in reversed(BATCH_SIZES):
-            attention.use_static(size)
-            args = (self.input_ids[:size], self.positions[:size], self.rows[:size], attention)
-            model.forward(*args)  # warm-up: compiles flex for this shape outside the capture
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = model.forward(*args)
-            pool = graph.pool()
-            self.graphs[size] = graph
+@dataclass
+class StaticInputs:
+    """What every decode graph reads, sized for the largest bucket."""
 
-    def run(self, inputs: StepInputs) -> torch.Tensor | None:
-        """Logits of a decode-only step from a graph replay, or None when the step does not qualify."""
+    input_ids: torch.Tensor  # [N] int64
+    positions: torch.Tensor  # [N] int64
+    slots: torch.Tensor  # [N] int64: cache slot of each row's new token
+    seq_lens: torch.Tensor  # [N] int32
+    table: torch.Tensor  # [N, max pages] int64 block ids
+    rows: torch.Tensor  # [N] arange: each row's token, and the logits rows
+
+    @staticmethod
+    def allocate(rows: int, max_pages: int, device: torch.device) -> StaticInputs:
+        z = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        return StaticInputs(z(rows), z(rows), z(rows), z(rows, dtype=torch.int32), z(rows, max_pages), torch.arange(rows, device=device))
+
+    def fill(self, inputs: StepInputs, size: int) -> None:
+        """Copies a decode step of R <= size rows in, padding to `size` rows by repeating the last."""
         meta = inputs.attention
         rows = meta.num_rows
-        if rows == 0 or rows > BATCH_SIZES[-1] or len(inputs.input_ids_host) != rows:
+        pad = None if rows == size else self.rows[:size].clamp(max=rows - 1)
+        padded = (lambda t: t) if pad is None else (lambda t: t.index_select(0, pad))  # noqa: E731
+        self.input_ids[:size].copy_(padded(inputs.input_ids))
+        self.positions[:size].copy_(padded(inputs.positions))
+        self.slots[:size].copy_(padded(meta.slot_mapping))
+        table = padded(meta.block_table)
+        self.table[:size, : table.shape[1]].copy_(table)
+        lens = meta.seq_lens if pad is None else meta.seq_lens[np.minimum(np.arange(size), rows - 1)]
+        self.seq_lens[:size].copy_(torch.from_numpy(lens.astype(np.int32)), non_blocking=True)
+
+
+@dataclass
+class DecodeGraph:
+    """One bucket: its graph (None when not captured) and everything its replay reads and writes."""
+
+    size: int
+    static: StaticInputs
+    plan: TritonPlan
+    graph: torch.cuda.CUDAGraph | None
+    logits: torch.Tensor | None
+
+    def args(self) -> tuple:
+        st = self.static
+        return st.input_ids[: self.size], st.positions[: self.size], st.rows[: self.size], self.plan
+
+    def run(self, model: DecoderModel) -> torch.Tensor:
+        if self.graph is None:
+            self.logits = model.forward(*self.args())
+        else:
+            self.graph.replay()
+        return self.logits
+
+
+class DecodeGraphs:
+    def __init__(self, model: DecoderModel, attention: TritonBackend, max_pages: int, max_rows: int = BATCH_SIZES[-1],
+                 capture: bool = True):
+        self.model = model
+        sizes = [s for s in BATCH_SIZES if s < max_rows] + [max_rows]
+        device = attention.device
+        self.static = StaticInputs.allocate(sizes[-1], max_pages, device)
+        st = self.static
+        self.graphs: dict[int, DecodeGraph] = {}
+        pool = None
+        for size in reversed(sizes):
+            plan = attention.decode_plan(st.slots[:size], st.rows[:size], st.seq_lens[:size], st.table[:size])
+            entry = DecodeGraph(size, st, plan, None, None)
+            if capture:
+                st.seq_lens.fill_(1)  # a real context for the warm-up (slot 0 of the zeroed cache; nothing reads it yet)
+                model.forward(*entry.args())  # warm-up: compiles the kernels outside the capture
+                torch.cuda.synchronize(device)
+                entry.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(entry.graph, pool=pool):
+                    entry.logits = model.forward(*entry.args())
+                pool = entry.graph.pool()
+            self.graphs[size] = entry
+        self.sizes = sizes
+
+    def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Logits of a decode-only step from its bucket, or None when the step does not qualify."""
+        rows = inputs.attention.num_rows
+        if rows == 0 or rows > self.sizes[-1] or len(inputs.input_ids_host) != rows:
             return None
-        size = next(s for s in BATCH_SIZES if s >= rows)
-        pad = self.attention.fill_static(meta, size)
-        self.input_ids[:size].copy_(inputs.input_ids[pad])
-        self.positions[:size].copy_(inputs.positions[pad])
-        self.graphs[size].replay()
+        size = next(s for s in self.sizes if s >= rows)
+        self.static.fill(inputs, size)
+        logits = self.graphs[size].run(self.model)
         # Every row of a decode-only step is one token, so row i's logits are row i.
-        return self.logits[size].index_select(0, inputs.logits_indices)
+        return logits.index_select(0, inputs.logits_indices)

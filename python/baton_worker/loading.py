@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from .attention import FlexBackend, make_backend
+from .attention import make_backend
 from .config import ConfigError, ModelConfig, load_model_config, read_json
 from .graph.authoring import EngineType
 from .graph.export import export_graph
@@ -125,12 +125,12 @@ def _max_model_len(opts: WorkerOptions, config: ModelConfig, num_blocks: int) ->
     return min(config.max_position_embeddings, capacity)
 
 
-def _capture_graphs(model: DecoderModel, attention: FlexBackend, max_pages: int):
-    from .cuda_graphs import DecodeGraphs
+def _capture_graphs(model: DecoderModel, attention, max_pages: int, max_rows: int):
+    from .cuda_graphs import BATCH_SIZES, DecodeGraphs
 
     try:
-        return DecodeGraphs(model, attention, max_pages)
-    except Exception as error:  # untested on real GPUs so far: eager steps still work
+        return DecodeGraphs(model, attention, max_pages, min(max_rows, BATCH_SIZES[-1]))
+    except Exception as error:  # a capture that fails leaves a slower worker, not a dead one
         print(f"baton_worker: CUDA graph capture failed, decode steps run eagerly: {error}", file=sys.stderr, flush=True)
         return None
 
@@ -185,8 +185,8 @@ def _load_decoder(
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
-    if isinstance(attention, FlexBackend) and device.type == "cuda" and tp is None:
-        runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size))
+    if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager:
+        runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), opts.max_num_seqs)
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
 
 
@@ -246,9 +246,10 @@ def check_tensor_parallel_model(opts: WorkerOptions) -> None:
 
 
 def load_worker(
-    opts: WorkerOptions, attention_backend: str = "auto", fuse_weights: bool = True, tp: TensorParallelGroup | None = None
+    opts: WorkerOptions, attention_backend: str | None = None, fuse_weights: bool = True, tp: TensorParallelGroup | None = None
 ) -> LoadedWorker:
-    """attention_backend: auto (cpu on CPU, flex on CUDA), reference, cpu or flex;
+    """attention_backend: auto (cpu on CPU, triton on CUDA), reference, cpu, triton or flex
+    (None: opts.attention_backend);
     fuse_weights=False keeps q/k/v and gate/up apart (the pre-fusion path, for benchmarks);
     tp: this process's tensor-parallel rank group (None: the whole model here).
 
@@ -256,6 +257,7 @@ def load_worker(
     loads that model; any other is a plain LLM, the one-node graph LLMGraphModel."""
     model_dir = Path(opts.model)
     device = resolve_device(opts.device)
+    attention_backend = attention_backend or opts.attention_backend
     torch.manual_seed(opts.seed)
     architecture = _config_architecture(model_dir) if model_dir.is_dir() else None
     graph_class = graph_model_class(architecture)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionBackend
+from .attention import StepAttention
 from .config import ModelConfig
 from .head_screen import HeadScreen, native_screen_kind
 from .loader import WeightReader
@@ -218,11 +218,11 @@ class DecoderModel:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         logits_indices: torch.Tensor,
-        attention: AttentionBackend,
+        attention: StepAttention,
         replace: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor | None:
-        """Runs all new tokens of a step (attention.prepare() already called for
-        it); returns float32 logits [len(logits_indices), vocab] (None on a
+        """Runs all new tokens of a step (attention: what the backend's prepare()
+        returned for it); returns float32 logits [len(logits_indices), vocab] (None on a
         tensor-parallel rank other than 0)."""
         return self.logits(self.hidden_states(input_ids, positions, attention, replace), logits_indices)
 
@@ -231,7 +231,7 @@ class DecoderModel:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        attention: AttentionBackend,
+        attention: StepAttention,
         replace: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The residual stream after the last layer, one row per new token (before the final norm).
@@ -262,7 +262,7 @@ class DecoderModel:
             return logits
         return self.tp.gather_logits(logits, self.full_config.vocab_size)
 
-    def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: AttentionBackend) -> torch.Tensor:
+    def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: StepAttention) -> torch.Tensor:
         c = self.config
         t = h.shape[0]
         q, k, v = _project(h, layer.qkv, layer.qkv_bias, self.qkv_sizes)

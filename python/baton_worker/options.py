@@ -41,6 +41,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy", "dummy-null")
 EXECUTOR_BACKENDS = ("mp", "ray")
+ATTENTION_BACKENDS = ("auto", "reference", "cpu", "triton", "flex")
 
 
 class OptionsError(Exception):
@@ -75,6 +76,9 @@ class WorkerOptions:
     # KV connector: the torch.distributed rendezvous HOST:PORT of the deployment's workers, and their number.
     kv_transfer: str | None = None
     kv_transfer_world: int = 0
+    attention_backend: str = "auto"
+    max_num_seqs: int = 256  # most rows of a decode step: the largest CUDA graph captured
+    enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,6 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--distributed-executor-backend", default="mp")
     p.add_argument("--kv-transfer", help="HOST:PORT: KV transfer rendezvous (prefill/decode disaggregation)")
     p.add_argument("--kv-transfer-world", type=int, default=0, help="workers in the KV transfer group")
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--max-num-seqs", type=int, default=256)
     return p
 
 
@@ -122,9 +129,10 @@ def parse_options(argv: list[str]) -> WorkerOptions:
     _choice("device", args.device, DEVICES)
     _choice("load-format", args.load_format, LOAD_FORMATS)
     _choice("distributed-executor-backend", args.distributed_executor_backend, EXECUTOR_BACKENDS)
+    _choice("attention-backend", args.attention_backend, ATTENTION_BACKENDS)
     if args.block_size <= 0:
         raise OptionsError(f"--block-size must be positive, got {args.block_size}")
-    for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len"):
+    for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise OptionsError(f"--{name.replace('_', '-')} must be positive, got {value}")

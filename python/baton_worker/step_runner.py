@@ -123,8 +123,8 @@ class StepRunner:
                 shares = 1
                 if self.cpu is not None:
                     shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS)
-                self.attention.prepare(inputs.attention)
-                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, self.attention, replace)
+                attention = self.attention.prepare(inputs.attention)
+                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace)
                 if screened is not None:
                     head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened, shares)
                 else:

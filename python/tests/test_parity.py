@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from baton_worker.cuda_graphs import DecodeGraphs
 from baton_worker.loading import load_worker
 from baton_worker.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
@@ -37,15 +38,30 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(n)] for n in (1, 5, 13, 22)]
 
 
-def _run_worker(model_dir, prompts, block_size, budget, dtype="auto"):
-    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=96, dtype=dtype)
+def _run_worker(model_dir, prompts, block_size, budget, dtype="auto", attention_backend="auto", static_decode=False):
+    """static_decode: decode-only steps go through the static inputs CUDA graphs replay (run eagerly here)."""
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=96, dtype=dtype,
+                         attention_backend=attention_backend)
     loaded = load_worker(opts)
+    if static_decode:
+        runner = loaded.runner
+        runner.graphs = DecodeGraphs(runner.model, runner.attention, 96, max_rows=4, capture=False)
+        run, replays = runner.graphs.run, []
+
+        def counted(inputs):
+            logits = run(inputs)
+            replays.append(logits is not None)
+            return logits
+
+        runner.graphs.run = counted
     sim = EngineSim(loaded.runner, block_size, 96, token_budget=budget, seed=block_size)
     greedy = SamplingParams(temperature=0.0)
     # Staggered arrivals: later requests prefill while earlier ones decode.
     requests = [SimRequest(i, p, NEW_TOKENS, greedy, arrive_step=2 * i) for i, p in enumerate(prompts)]
     sim.run(requests)
     assert loaded.ready.dtype == (dtype if dtype != "auto" else loaded.config.torch_dtype)
+    if static_decode:
+        assert sum(replays) >= NEW_TOKENS // 2, "decode-only steps should take the static path"
     mixed = any(
         (res_rows := [(n, s) for n, s in zip(step_rows.num_new_tokens, step_rows.sample)])
         and any(n == 1 for n, _ in res_rows)
@@ -60,12 +76,29 @@ def test_greedy_matches_transformers(tmp_path, arch, variant, block_size, budget
     model_dir = make_model_dir(arch, tmp_path / arch, variant)
     prompts = _prompts(512, variant)
     expected = hf_greedy(model_dir, prompts, NEW_TOKENS)
-    got, mixed = _run_worker(model_dir, prompts, block_size, budget)
+    # float32 named: on CUDA "auto" would choose bfloat16.
+    got, mixed = _run_worker(model_dir, prompts, block_size, budget, dtype="float32")
     assert mixed, "the schedule should mix prefill chunks and decodes in one step"
     assert got == expected
     # The random weights must give varied output, or parity would prove little.
     for output in expected:
         assert len(set(output)) >= NEW_TOKENS // 2, output
+
+
+TRITON_CASES = [("qwen3", 0, 16, 8), ("mistral", 0, 16, 6), ("llama3", 2, 32, 9)]
+
+
+@pytest.mark.parametrize("arch,variant,block_size,budget", TRITON_CASES, ids=[f"{a}-v{v}" for a, v, _, _ in TRITON_CASES])
+def test_triton_backend_and_static_decode_match_transformers(tmp_path, arch, variant, block_size, budget):
+    """The CUDA default path: Triton kernels for every step (in the interpreter
+    without a GPU) and decode-only steps through the static graph inputs."""
+    pytest.importorskip("triton")
+    model_dir = make_model_dir(arch, tmp_path / arch, variant)
+    prompts = _prompts(512, variant + 11)
+    expected = hf_greedy(model_dir, prompts, NEW_TOKENS)
+    got, mixed = _run_worker(model_dir, prompts, block_size, budget, dtype="float32", attention_backend="triton", static_decode=True)
+    assert mixed
+    assert got == expected
 
 
 def test_sharded_variant_has_index(tmp_path):

@@ -36,6 +36,9 @@ export interface ServeOptions {
   device: Device;
   seed: number;
   loadFormat: LoadFormat;
+  /** Passed to the worker, which checks it (auto: cpu on CPU, triton on CUDA). */
+  attentionBackend: string;
+  enforceEager: boolean;
   enablePrefixCaching: boolean;
   /** Overlap scheduling: the engine builds step N+1 while the worker runs N (--no-async-scheduling turns it off). */
   asyncScheduling: boolean;
@@ -115,6 +118,8 @@ const SERVE_FLAGS = {
   device: { type: "string" },
   seed: { type: "string" },
   "load-format": { type: "string" },
+  "attention-backend": { type: "string" },
+  "enforce-eager": { type: "boolean" },
   "enable-prefix-caching": { type: "boolean" },
   // parseArgs in Node 20 has no automatic --no-* negation.
   "no-enable-prefix-caching": { type: "boolean" },
@@ -312,6 +317,8 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       device: choice(values.device, "device", DEVICES, SERVE_DEFAULTS.device),
       seed,
       loadFormat: choice(values["load-format"], "load-format", LOAD_FORMATS, SERVE_DEFAULTS.loadFormat),
+      attentionBackend: values["attention-backend"] ?? "auto",
+      enforceEager: values["enforce-eager"] === true,
       enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
       asyncScheduling: values["no-async-scheduling"] !== true,
       engineThread: values["no-engine-thread"] !== true,
@@ -404,6 +411,10 @@ Options (vLLM's names; --flag value or --flag=value):
                                    dummy: random decoder weights of the config's shapes, no
                                    weight files; dummy-null: no model at all, each token is
                                    the last + 1 (both for tests and benchmarks)
+  --attention-backend auto|triton|flex|cpu|reference
+                                   the worker's attention kernels (default auto: triton on
+                                   CUDA, cpu on CPU)
+  --enforce-eager                  no CUDA graphs: decode steps run eagerly
   --no-enable-prefix-caching       turn prefix caching off
   --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
   --no-engine-thread               run the engine core on the HTTP server's event loop instead of

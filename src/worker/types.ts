@@ -21,6 +21,12 @@ export interface WorkerOptions {
   device: Device;
   seed: number;
   loadFormat?: LoadFormat;
+  /** The worker's attention kernels (auto: cpu on CPU, triton on CUDA); the worker checks the name. */
+  attentionBackend?: string;
+  /** No CUDA graphs: every step runs eagerly (vLLM's --enforce-eager). */
+  enforceEager?: boolean;
+  /** Most rows a decode step can have: the largest CUDA graph the worker captures. */
+  maxNumSeqs?: number;
   /** Interpreter; default BATON_PYTHON, else <repo>/.venv/bin/python. */
   python?: string;
   /** How long to wait for the Ready message (weights load). Default 600000. */

@@ -27,6 +27,9 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.maxModelLen !== undefined) args.push("--max-model-len", String(opts.maxModelLen));
   args.push("--dtype", opts.dtype, "--device", opts.device, "--seed", String(opts.seed));
   if (opts.loadFormat !== undefined) args.push("--load-format", opts.loadFormat);
+  if (opts.attentionBackend !== undefined) args.push("--attention-backend", opts.attentionBackend);
+  if (opts.enforceEager === true) args.push("--enforce-eager");
+  if (opts.maxNumSeqs !== undefined) args.push("--max-num-seqs", String(opts.maxNumSeqs));
   if (opts.onLoadProgress !== undefined) args.push("--progress");
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));

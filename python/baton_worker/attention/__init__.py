@@ -1,29 +1,35 @@
 """Attention backends behind one interface (base.AttentionBackend):
 reference (per-row SDPA loop, what tests compare against), cpu (bucketed
-batched SDPA over gathered pages) and flex (FlexAttention over the paged
-cache, for CUDA)."""
+batched SDPA over gathered pages, the CPU default), triton (Triton kernels
+over the paged cache, the CUDA default) and flex (FlexAttention over the
+paged cache, an option on CUDA)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..kv_cache import KVCache
-from .base import AttentionBackend, AttentionMetadata
+from .base import AttentionBackend, AttentionMetadata, StepAttention
 from .cpu import CpuBackend
 from .flex import FlexBackend
 from .reference import ReferenceBackend, RowSpan, paged_attention
 
-BACKENDS = ("auto", "reference", "cpu", "flex")
+from ..options import ATTENTION_BACKENDS as BACKENDS
 
 
 def make_backend(name: str, cache: KVCache, num_heads: int, scale: float, windows: list[int | None]) -> AttentionBackend:
     device = cache.layers[0].device
     if name == "auto":
-        name = "flex" if device.type == "cuda" else "cpu"
+        name = "triton" if device.type == "cuda" else "cpu"
     if name == "reference":
         return ReferenceBackend(cache, num_heads, scale, windows)
     if name == "cpu":
         return CpuBackend(cache, num_heads, scale, windows)
+    if name == "triton":
+        # Imported here: triton is needed only where this backend is chosen.
+        from .triton_attention import TritonBackend
+
+        return TritonBackend(cache, num_heads, scale, windows)
     if name == "flex":
         # Compiled kernels on CUDA; eager (exact but dense, slow) elsewhere.
         return FlexBackend(cache, num_heads, scale, windows, compile=device.type == "cuda")
@@ -32,5 +38,5 @@ def make_backend(name: str, cache: KVCache, num_heads: int, scale: float, window
 
 __all__ = [
     "AttentionBackend", "AttentionMetadata", "BACKENDS", "CpuBackend", "FlexBackend",
-    "ReferenceBackend", "RowSpan", "make_backend", "paged_attention",
+    "ReferenceBackend", "RowSpan", "StepAttention", "make_backend", "paged_attention",
 ]

@@ -11,6 +11,7 @@ q_len of them, so causality inside a prefill chunk is position <= query position
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -35,8 +36,17 @@ class AttentionMetadata:
         return np.diff(self.query_start)
 
 
+class StepAttention(Protocol):
+    """One step's attention, as the layers call it."""
+
+    def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+
 class AttentionBackend:
-    """prepare() once per step, run() once per layer."""
+    """prepare() once per step returns what run() reads once per layer. The
+    CPU-side backends keep that state on themselves (and return self); the
+    Triton backend returns a plan object that owns it, which a captured CUDA
+    graph can keep."""
 
     name = "base"
 
@@ -48,7 +58,7 @@ class AttentionBackend:
         self.scale = scale
         self.windows = windows  # per layer: sliding window, or None
 
-    def prepare(self, meta: AttentionMetadata) -> None:
+    def prepare(self, meta: AttentionMetadata) -> StepAttention:
         raise NotImplementedError
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

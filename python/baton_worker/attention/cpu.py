@@ -41,7 +41,7 @@ class CpuBackend(AttentionBackend):
         self.group = self.num_heads // self.num_kv_heads
         self.workspace = torch.empty(0, dtype=self.cache.layers[0].dtype, device=self.cache.layers[0].device)
 
-    def prepare(self, meta: AttentionMetadata) -> None:
+    def prepare(self, meta: AttentionMetadata) -> AttentionBackend:
         self.slots = meta.slot_mapping
         self.num_tokens = int(meta.query_start[-1])
         dtype = self.workspace.dtype
@@ -61,6 +61,7 @@ class CpuBackend(AttentionBackend):
         # One bucket holding every token in order: its output is the step's output.
         only = self.prepared[0] if len(self.prepared) == 1 else None
         self.direct = only is not None and only.real is None  # then token_index is arange(T)
+        return self
 
     def _context(self, layer: int, pages: torch.Tensor, rows: int, context: int) -> torch.Tensor:
         blocks = self.cache.blocks(layer)  # [2 * kv_heads, num_blocks, block_size * head_dim]

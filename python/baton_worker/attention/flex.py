@@ -13,10 +13,11 @@ before it). mask_mod also checks that the page is the row's own, so the
 result is exact even where the block sparsity is not applied (eager mode,
 which materialises the mask: that is how the CPU tests check this file).
 
-NOT RUN ON A GPU YET: no GPU was lent while this was written. Compiled flex
-on CUDA wants the sparse KV block (the page size) to be a multiple of its
-tile; kernel_options below ask for 16-wide KV tiles; block sizes below 16
-may need a larger --block-size.
+Kept as an option (attention backend "flex"), not the default: on an H100 it
+padded one-query decode rows to 128-row query tiles and recompiled on mask
+strides until dynamo's limit, then fell back to an unfused path that
+materialises scores over the whole cache. The Triton backend is the CUDA
+default. flex steps always run eagerly (no CUDA graphs).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ class FlexBackend(AttentionBackend):
         self.page_position.scatter_(0, target.reshape(-1), cols.expand_as(table).reshape(-1))
         return num_pages
 
-    def prepare(self, meta: AttentionMetadata) -> None:
+    def prepare(self, meta: AttentionMetadata) -> AttentionBackend:
         self.slots = meta.slot_mapping
         table = meta.block_table
         num_pages = self._page_positions(meta)
@@ -81,6 +82,7 @@ class FlexBackend(AttentionBackend):
             q_pos = to(b.q_pos)
             masks = {w: self._block_mask(pages, count, q_pos, b, w) for w in set(self.windows)}
             self.prepared.append(_Prepared(b, to(b.token_index), masks, to(b.dest), to(b.real)))
+        return self
 
     def _block_mask(self, pages, count, q_pos, b: Bucket, window: int | None):
         bs, position = self.cache.block_size, self.page_position
@@ -105,41 +107,6 @@ class FlexBackend(AttentionBackend):
         return self.BlockMask.from_kv_blocks(
             kv_num, kv_idx, BLOCK_SIZE=(Q_TILE, bs), mask_mod=mask_mod, seq_lengths=(b.q_max, slots), compute_q_blocks=False
         )
-
-    # ------------------------------------------------ CUDA graphs (decode only)
-    # A captured graph replays fixed addresses, so decode steps use static
-    # tensors (sized for the largest captured batch and max_model_len) that
-    # fill_static() overwrites in place before each replay.
-
-    def static_decode(self, max_rows: int, max_pages: int) -> None:
-        z = lambda *shape, dtype=torch.int64: torch.zeros(shape, dtype=dtype, device=self.device)  # noqa: E731
-        self.static = {"pages": z(max_rows, max_pages, dtype=torch.int32), "count": z(max_rows, dtype=torch.int32),
-                       "q_pos": z(max_rows, 1), "slots": z(max_rows)}
-
-    def use_static(self, rows: int) -> None:
-        """Points run() at the static tensors for a decode batch of `rows` (padded) rows."""
-        st = self.static
-        pages, count, q_pos = st["pages"][:rows], st["count"][:rows], st["q_pos"][:rows]
-        index = np.arange(rows)
-        bucket = Bucket(index, 1, pages.shape[1], index, np.zeros((rows, 1), np.int64), None, None)
-        masks = {w: self._block_mask(pages, count, q_pos, bucket, w) for w in set(self.windows)}
-        self.slots = st["slots"][:rows]
-        self.prepared = [_Prepared(bucket, torch.arange(rows, device=self.device), masks, None, None)]
-
-    def fill_static(self, meta: AttentionMetadata, rows: int) -> torch.Tensor:
-        """Copies a decode step's metadata into the static tensors, padding to
-        `rows` by repeating the last row (same slot, same K/V: harmless). Returns
-        the padding index (row of each padded row) for the caller's inputs."""
-        st = self.static
-        num_pages = self._page_positions(meta)
-        pad = torch.arange(rows, device=self.device).clamp(max=meta.num_rows - 1)
-        table = meta.block_table[pad]
-        st["pages"][:rows, : table.shape[1]].copy_(table)
-        st["count"][:rows].copy_(num_pages[pad])
-        seq_lens = torch.from_numpy(meta.seq_lens).to(self.device, non_blocking=True)
-        st["q_pos"][:rows, 0].copy_(seq_lens[pad] - 1)
-        st["slots"][:rows].copy_(meta.slot_mapping[pad])
-        return pad
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.cache.write(layer, self.slots, k, v)

@@ -68,13 +68,14 @@ def paged_attention(
 class ReferenceBackend(AttentionBackend):
     name = "reference"
 
-    def prepare(self, meta: AttentionMetadata) -> None:
+    def prepare(self, meta: AttentionMetadata) -> AttentionBackend:
         self.slots = meta.slot_mapping
         device = meta.slot_mapping.device
         self.rows = []
         for r, (start, end, seq_len) in enumerate(zip(meta.query_start[:-1].tolist(), meta.query_start[1:].tolist(), meta.seq_lens.tolist())):
             context = slots_for(meta.block_table[r], torch.arange(seq_len, device=device), meta.block_size)
             self.rows.append(RowSpan(start, end - start, seq_len - (end - start), context))
+        return self
 
     def run(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.cache.write(layer, self.slots, k, v)
