@@ -12,17 +12,19 @@ is what one decode step must read from HBM at --hbm-gbps:
 
   efficiency = roofline ms / measured ms   (issue 9's goal: >= 0.85 at B=1)
 
---profile also records a few decode steps with torch.profiler and prints the
-GPU's idle time between one step's last kernel and the next step's first
-(the gap the host's Python leaves), and writes a Chrome trace.
+--profile B... also records 32 decode steps at each of those batch sizes with
+torch.profiler and prints the GPU's busy fraction over them (the rest is idle
+time the host left), its longest idle gaps and the kernels that took the most
+time, and writes Chrome traces.
 
-  python bench/gpu_decode.py --preset llama3-8b --device cuda --batch 1 2 4 8 16 32 64 128 256 --profile
+  python bench/gpu_decode.py --preset llama3-8b --device cuda --batch 1 2 4 8 16 32 64 128 256 --profile 1 128
   python bench/gpu_decode.py --preset tiny --device cpu --batch 1 4   # the script's own check, anywhere
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -72,8 +74,9 @@ class Session:
         self.step_id = 0
         self.next_req = 0
 
-    def run(self, batch: int, prompt_len: int, steps: int, vocab: int, on_step=None) -> list[float]:
-        """Prefills `batch` requests, times `steps` decode steps (ms each), removes them."""
+    def run(self, batch: int, prompt_len: int, steps: int, vocab: int, decode_span=None) -> list[float]:
+        """Prefills `batch` requests, times `steps` decode steps (ms each), removes them.
+        decode_span: a context manager entered around the decode steps only (a profiler)."""
         rng = np.random.default_rng(self.next_req)
         ids = list(range(self.next_req, self.next_req + batch))
         self.next_req += batch
@@ -85,18 +88,32 @@ class Session:
             chunk = ids[first : first + per_step]
             added = [AddedRequest(i, i32(rng.integers(0, vocab, prompt_len)), prompt_len, greedy) for i in chunk]
             self._step(added, [(i, prompt_len, 0) for i in chunk], pages, length)
-        times = []
-        for n in range(steps):
-            if on_step is not None:
-                on_step(n)
-            t0 = time.perf_counter()
-            self._step([], [(i, 1, length[i] - 1) for i in ids], pages, length)
-            times.append((time.perf_counter() - t0) * 1e3)
+        with decode_span if decode_span is not None else contextlib.nullcontext():
+            times = self._decode(ids, steps, pages, length)
         removed = Step(self.step_id, [], i32(ids), i32([]), i32([]), i32([]), i32([]), i32([]), np.zeros(0, np.uint8))
         self.step_id += 1
         self.runner.execute(removed)
         for i in ids:
             self.free += pages[i]
+        return times
+
+    def _decode(self, ids: list[int], steps: int, pages, length) -> list[float]:
+        """Decode steps as the server runs them: with overlap (the runner's default
+        on CUDA) step n + 1 is launched before step n is finished, so a step's
+        time is the interval between two consecutive results."""
+        overlap = self.runner.overlap
+        times, pending, last = [], None, time.perf_counter()
+        for _ in range(steps):
+            launched = self._launch([], [(i, 1, length[i] - 1) for i in ids], pages, length)
+            if pending is not None or not overlap:
+                done = (pending or launched).finish()
+                now = time.perf_counter()
+                times.append((now - last) * 1e3)
+                last = now
+                assert len(done.token_ids) == len(ids)
+            pending = launched if overlap else None
+        if pending is not None:
+            pending.finish()
         return times
 
     def prefill_ms(self, prompt_len: int, vocab: int) -> float:
@@ -114,6 +131,10 @@ class Session:
         return ms
 
     def _step(self, added, rows, pages, length) -> None:
+        self._launch(added, rows, pages, length).finish()
+
+    def _launch(self, added, rows, pages, length):
+        """Launches a step whose rows all sample; each row's length counts its coming token at once."""
         counts, blocks = [], []
         for req, n, computed in rows:
             need = max(-(-(computed + n) // self.block_size) - len(pages[req]), 0)
@@ -124,15 +145,21 @@ class Session:
         step = Step(self.step_id, added, i32([]), i32([r[0] for r in rows]), i32([r[1] for r in rows]), i32([r[2] for r in rows]),
                     i32(counts), i32(blocks), np.ones(len(rows), np.uint8))
         self.step_id += 1
-        result = self.runner.execute(step)  # returns once the sampled tokens are on the host
-        for req in result.req_ids.tolist():
+        launched = self.runner.launch(step)
+        for req, _, _ in rows:
             length[req] += 1
+        return launched
 
 
 def copy_bandwidth_gbps(device: torch.device) -> float:
     """Bytes read plus written per second by a large device-to-device copy (the roofline's bandwidth)."""
     if device.type != "cuda":
-        return 50.0
+        src = torch.ones(1 << 28, dtype=torch.uint8)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        return 2 * (1 << 28) / (time.perf_counter() - t0) / 1e9
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     for _ in range(3):
@@ -158,8 +185,11 @@ def roofline_bytes(config, batch: int, context: int, dtype_bytes: int) -> tuple[
     return weights * dtype_bytes, kv_bytes
 
 
-def idle_gaps(prof, step_marks: list[str]) -> dict:
-    """GPU idle time between consecutive decode steps, from the kernels' start/end times."""
+PROFILED_STEPS = 32
+
+
+def idle_gaps(prof) -> dict:
+    """How busy the GPU was over the profiled steps, and its longest idle gaps, from the kernels' start/end times."""
     kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     if not kernels:
         return {"kernels": 0}
@@ -170,9 +200,21 @@ def idle_gaps(prof, step_marks: list[str]) -> dict:
         busy += max(0.0, end - max(start, last_end))
         last_end = max(last_end, end)
     span = last_end - kernels[0][0]
-    big = sorted(gaps, reverse=True)[: len(step_marks)]
+    big = sorted(gaps, reverse=True)[:8]
     return {"kernels": len(kernels), "span_us": span, "busy_fraction": busy / span if span else 0.0,
             "largest_gaps_us": [round(g, 1) for g in big]}
+
+
+def kernel_table(prof, steps: int, rows: int = 10) -> str:
+    """The kernels that took the most GPU time: ms per step and share of the total."""
+    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    total = sum(e.self_device_time_total for e in kernels) or 1.0
+    lines = [f"  {'kernel':<70} {'ms/step':>8} {'share':>6} {'calls/step':>10}"]
+    for e in kernels[:rows]:
+        lines.append(f"  {e.key[:70]:<70} {e.self_device_time_total / 1e3 / steps:>8.3f} {e.self_device_time_total / total:>6.1%} "
+                     f"{e.count / steps:>10.1f}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -188,7 +230,8 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--prefill-len", type=int, nargs="*", default=[], help="also time one request's prefill step of these lengths")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler over a few decode steps at the first batch size")
+    parser.add_argument("--profile", type=int, nargs="*", default=[], metavar="B",
+                        help="torch.profiler over decode steps at these batch sizes: GPU busy fraction and the top kernels")
     parser.add_argument("--trace", default="gpu_decode_trace.json")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
@@ -229,15 +272,16 @@ def main() -> None:
             times = [session.prefill_ms(length, config.vocab_size) for _ in range(4)]
             print(f"prefill of one {length}-token prompt (the step that samples its first token): "
                   f"{statistics.median(times[1:]):.1f} ms median of {len(times) - 1} (first {times[0]:.1f} ms)", flush=True)
-        if args.profile:
+        for batch in args.profile:
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            marks: list[str] = []
-            with profile(activities=activities) as prof:
-                session.run(args.batch[0], args.prompt_len, 8, config.vocab_size, on_step=lambda n: marks.append(f"step {n}"))
-            prof.export_chrome_trace(args.trace)
-            print(f"profile at B={args.batch[0]} (8 decode steps, prefill included): {json.dumps(idle_gaps(prof, marks))}; trace: {args.trace}")
+            prof = profile(activities=activities)
+            session.run(batch, args.prompt_len, PROFILED_STEPS, config.vocab_size, decode_span=prof)
+            trace = args.trace.replace(".json", f"-b{batch}.json")
+            prof.export_chrome_trace(trace)
+            print(f"profile of {PROFILED_STEPS} decode steps at B={batch}: {json.dumps(idle_gaps(prof))}; trace: {trace}")
+            print(kernel_table(prof, PROFILED_STEPS), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps({"preset": args.preset, "dtype": args.dtype, "device": str(device),
                                                    "hbm_gbps": args.hbm_gbps, "rows": rows}, indent=1))

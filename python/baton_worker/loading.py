@@ -184,6 +184,9 @@ def _load_decoder(
         attention = make_backend(attention_backend, cache, local.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
+    # Test-only: BATON_TEST_OVERLAP=1 overlaps steps on CPU too (a GPU worker does by default), so the path runs in CI.
+    if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
+        runner.overlap = True
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager:
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), opts.max_num_seqs)

@@ -25,8 +25,9 @@ class StepInputs:
     positions: torch.Tensor  # [T] on the device
     logits_indices: torch.Tensor  # [S] on the device: last token of each sampling row
     attention: AttentionMetadata
-    input_ids_host: np.ndarray  # [T] (the dummy-null format samples from it)
+    input_ids_host: np.ndarray  # [T] (the dummy-null format samples from it); -1 where a token is not on the host yet
     logits_indices_host: np.ndarray  # [S]
+    token_slots_host: np.ndarray  # [T] the slot (request) of each token
 
 
 def _grown(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -47,7 +48,11 @@ class PersistentBatch:
         self.on_cpu = device.type == "cpu"
         self.device_table: torch.Tensor | None = None  # CUDA only; None: resend in full
         self.pending: list[np.ndarray] = []  # CUDA: (slot, page, block) entries not yet on the device
-        self.staging: torch.Tensor | None = None  # CUDA: pinned host buffer for the one copy per step
+        # CUDA: two pinned host buffers for the one copy per step, used in turn: a step's
+        # copy may still be queued while the next step is built (overlapped steps),
+        # never while the one after it is.
+        self.staging: list[torch.Tensor | None] = [None, None]
+        self.steps = 0
 
     # ------------------------------------------------------------ deltas
 
@@ -141,17 +146,17 @@ class PersistentBatch:
             flat, table = self._to_device(host, rows, pages)
         t, s = num_tokens, len(logits_indices)
         meta = AttentionMetadata(flat[2 * t : 3 * t], meta_start, seq_lens, table, bs)
-        return StepInputs(flat[:t], flat[t : 2 * t], flat[3 * t : 3 * t + s], meta, input_ids, logits_indices)
+        return StepInputs(flat[:t], flat[t : 2 * t], flat[3 * t : 3 * t + s], meta, input_ids, logits_indices, token_slot)
 
     def _to_device(self, host: np.ndarray, rows: np.ndarray, pages: int) -> tuple[torch.Tensor, torch.Tensor]:
         patch = np.concatenate(self.pending, axis=1).ravel() if self.pending and self.device_table is not None else np.zeros(0, np.int64)
         self.pending = []
         n = len(host) + len(patch)
-        if self.staging is None or self.staging.numel() < n:
-            self.staging = torch.empty(max(n, 4096) * 2, dtype=torch.int64).pin_memory()
-        # Reusing the pinned buffer is safe: the previous step's copy finished
-        # before its sampled tokens came back to the host.
-        staged = self.staging[:n]
+        turn = self.steps % 2
+        self.steps += 1
+        if self.staging[turn] is None or self.staging[turn].numel() < n:
+            self.staging[turn] = torch.empty(max(n, 4096) * 2, dtype=torch.int64).pin_memory()
+        staged = self.staging[turn][:n]
         staged.numpy()[: len(host)] = host
         staged.numpy()[len(host) :] = patch
         flat = staged.to(self.device, non_blocking=True)

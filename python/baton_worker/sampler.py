@@ -32,17 +32,21 @@ order among ties depends on k), while unseeded rows share one window of the
 largest k.
 
 The result leaves the device in one copy per step: token ids, their logprobs
-and the top logprobs packed into one int32 tensor.
+and the top logprobs packed into one int32 tensor. launch() only queues that
+copy (PendingSample), so a GPU worker can start the next step before it
+reads the tokens.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from .protocol import SamplingParams
 from .request_state import RequestState
 from .token_bitmask import apply_token_bitmask
 
@@ -84,6 +88,41 @@ class SampleOutput:
     top_logprobs: np.ndarray | None  # float32 [sum(top_counts)]
 
 
+class PendingSample:
+    """A step's sampled tokens on the device (tokens: int64 [rows], which the
+    next step can read there) and their packed copy on its way to the host;
+    read() waits for the copy and unpacks it."""
+
+    def __init__(self, tokens: torch.Tensor | None, host: torch.Tensor | None, event, unpack: Callable[[np.ndarray], SampleOutput] | None,
+                 out: SampleOutput | None = None):
+        self.tokens, self.host, self.event, self.unpack, self.out = tokens, host, event, unpack, out
+
+    @staticmethod
+    def ready(out: SampleOutput) -> PendingSample:
+        """Tokens already on the host (nothing on the device to wait for)."""
+        return PendingSample(None, None, None, None, out)
+
+    @staticmethod
+    def copying(tokens: torch.Tensor, packed: torch.Tensor, unpack: Callable[[np.ndarray], SampleOutput]) -> PendingSample:
+        if packed.device.type != "cuda":
+            return PendingSample(tokens, packed, None, unpack)
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingSample(tokens, host, event, unpack)
+
+    def done(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def read(self) -> SampleOutput:
+        if self.out is None:
+            if self.event is not None:
+                self.event.synchronize()
+            self.out = self.unpack(self.host.numpy())
+        return self.out
+
+
 @dataclass
 class TokenMask:
     """Grammar masks of some sampled rows: rows index the logits' rows; bitmask is
@@ -98,7 +137,11 @@ def is_greedy(state: RequestState) -> bool:
 
 
 def has_penalties(state: RequestState) -> bool:
-    s = state.sampling
+    return penalizes(state.sampling)
+
+
+def penalizes(s: SamplingParams) -> bool:
+    """Repetition, frequency or presence penalties: the row's logits depend on its earlier tokens' values."""
     return s.repetition_penalty != 1.0 or s.frequency_penalty != 0.0 or s.presence_penalty != 0.0
 
 
@@ -137,12 +180,18 @@ class Sampler:
         self._scratch: torch.Tensor | None = None
 
     def sample(self, logits: torch.Tensor, states: list[RequestState], token_mask: TokenMask | None = None) -> SampleOutput:
-        """logits: float32 [rows, vocab], one row per request that samples this step (left
+        return self.launch(logits, states, token_mask).read()
+
+    def launch(self, logits: torch.Tensor, states: list[RequestState], token_mask: TokenMask | None = None) -> PendingSample:
+        """Queues the sampling of every row on the logits' device and the copy of
+        the result to the host; read() waits for it.
+
+        logits: float32 [rows, vocab], one row per request that samples this step (left
         unchanged, but for grammar-masked rows: token_mask's disallowed tokens become -inf
         first, so sampling and logprobs see only what the grammar allows)."""
         n = len(states)
         if n == 0:
-            return SampleOutput(np.zeros(0, np.int32), None, None, None, None)
+            return PendingSample.ready(SampleOutput(np.zeros(0, np.int32), None, None, None, None))
         if token_mask is not None:
             apply_token_bitmask(logits, token_mask.rows, token_mask.bitmask)
         greedy, hot = [], []  # greedy rows whose logits are edited; the rows that are not greedy
@@ -155,7 +204,7 @@ class Sampler:
             tokens = self._sample_processed(logits, states, greedy, hot)
         else:
             tokens = first_argmax(logits)
-        return self._to_host(logits, tokens, states)
+        return self._pack(logits, tokens, states)
 
     def _scratch_rows(self, rows: int, like: torch.Tensor) -> torch.Tensor:
         """[rows, vocab] of the step's scratch buffer (kept between steps, grown 32 rows at a time)."""
@@ -178,7 +227,7 @@ class Sampler:
         work = self._scratch_rows(len(order), logits)
         edits = any(edits_logits(st) for st in laid)
         hot_temps = [states[i].sampling.temperature for i in order[len(greedy) :]]
-        temps = torch.tensor(hot_temps, dtype=logits.dtype, device=device)
+        temps = _on(hot_temps, logits.dtype, device)
         unit = all(t == 1.0 for t in hot_temps)  # x / 1.0 == x: no division to do
         divided = identity and not edits and not greedy
         if divided and unit:
@@ -206,7 +255,7 @@ class Sampler:
                 torch.softmax(probs, dim=-1, out=probs)
             params = [st.sampling for st in laid[g:]]
             if any(s.min_p > 0.0 for s in params):
-                min_p = torch.tensor([s.min_p for s in params], dtype=probs.dtype, device=device)[:, None]
+                min_p = _on([s.min_p for s in params], probs.dtype, device)[:, None]
                 probs.masked_fill_(probs < probs.amax(dim=-1, keepdim=True) * min_p, 0.0)
             picked[g:] = self._draw(probs, laid[g:], blocks)
 
@@ -256,9 +305,7 @@ class Sampler:
         seeded = [i for i, st in enumerate(states) if st.sampling.seed is not None]
         if not seeded:
             return torch.rand(len(states), 1, generator=self.generator, device=self.device)
-        own = torch.tensor(
-            [seeded_uniform(states[i].sampling.seed, states[i].num_output_tokens) for i in seeded], dtype=torch.float32
-        ).to(self.device)
+        own = _on([seeded_uniform(states[i].sampling.seed, states[i].num_output_tokens) for i in seeded], torch.float32, self.device)
         if len(seeded) == len(states):
             return own[:, None]
         out = torch.empty(len(states), dtype=own.dtype, device=self.device)
@@ -269,8 +316,9 @@ class Sampler:
 
     # ------------------------------------------------------------ results
 
-    def _to_host(self, logits: torch.Tensor, tokens: torch.Tensor, states: list[RequestState]) -> SampleOutput:
-        """Tokens and the logprobs asked for, in one device-to-host copy.
+    def _pack(self, logits: torch.Tensor, tokens: torch.Tensor, states: list[RequestState]) -> PendingSample:
+        """Tokens and the logprobs asked for, packed into one int32 tensor whose
+        copy to the host is queued: one device-to-host copy per step.
 
         Logprobs are of the raw distribution (vLLM's default); the top ones come
         from one topk of the largest count asked for, cut per row on the host.
@@ -278,7 +326,7 @@ class Sampler:
         n, vocab = logits.shape
         wanted = [st.sampling.logprobs for st in states]
         if all(w < 0 for w in wanted):
-            return SampleOutput(tokens.to(torch.int32).cpu().numpy(), None, None, None, None)
+            return PendingSample.copying(tokens, tokens.to(torch.int32), lambda host: SampleOutput(host.copy(), None, None, None, None))
         counts = np.array([min(max(w, 0), vocab) for w in wanted], dtype=np.int32)
         tops = np.flatnonzero(counts).tolist()
         width = int(counts.max())
@@ -298,16 +346,19 @@ class Sampler:
         if width:
             top_lps, top_ids = torch.topk(logprobs[: len(tops)], width)
             parts += [top_ids.to(torch.int32).reshape(-1), top_lps.to(torch.float32).reshape(-1).view(torch.int32)]
-        host = torch.cat(parts).cpu().numpy()
-        out = SampleOutput(host[:n].copy(), host[n : 2 * n].view(np.float32).copy(), None, None, None)
-        if not width:
+
+        def unpack(host: np.ndarray) -> SampleOutput:
+            out = SampleOutput(host[:n].copy(), host[n : 2 * n].view(np.float32).copy(), None, None, None)
+            if not width:
+                return out
+            cut = (np.arange(width)[None, :] < counts[tops][:, None]).reshape(-1)
+            block = len(tops) * width
+            out.top_counts = counts
+            out.top_ids = host[2 * n : 2 * n + block][cut]
+            out.top_logprobs = host[2 * n + block :].view(np.float32)[cut]
             return out
-        cut = (np.arange(width)[None, :] < counts[tops][:, None]).reshape(-1)
-        block = len(tops) * width
-        out.top_counts = counts
-        out.top_ids = host[2 * n : 2 * n + block][cut]
-        out.top_logprobs = host[2 * n + block :].view(np.float32)[cut]
-        return out
+
+        return PendingSample.copying(tokens, torch.cat(parts), unpack)
 
 
 def _blocks(states: list[RequestState], rows: list[int], vocab: int) -> list[_Block]:
@@ -340,7 +391,7 @@ def _top_p_windows(
     vocab, device = probs.shape[1], probs.device
     rows = list(range(probs.shape[0]))
     active = probs
-    targets = torch.tensor(top_p, dtype=probs.dtype, device=device) * _row_sums(active, seeded)
+    targets = _on(top_p, probs.dtype, device) * _row_sums(active, seeded)
     windows = []
     k = _TOP_P_FIRST_WINDOW
     while rows:
@@ -384,11 +435,11 @@ def _draw_window(
     device = weights.device
     keep = torch.full((rows, 1), width, dtype=torch.int64, device=device)
     if any(0 < k < width for k in top_k):
-        keep = torch.tensor([k if 0 < k < width else width for k in top_k], dtype=torch.int64, device=device)[:, None]
+        keep = _on([k if 0 < k < width else width for k in top_k], torch.int64, device)[:, None]
         weights = weights.masked_fill(torch.arange(width, device=device) >= keep, 0.0)
     cdf = torch.cumsum(weights, dim=-1)
     if any(p < 1.0 for p in top_p):
-        p = torch.tensor(top_p, dtype=weights.dtype, device=device)[:, None]
+        p = _on(top_p, weights.dtype, device)[:, None]
         before = cdf - weights  # mass of the more likely tokens
         held = (before < p * _row_sums(weights, seeded)[:, None]).sum(dim=-1, keepdim=True).clamp(min=1)
         keep = torch.where(p < 1.0, torch.minimum(held, keep), keep)
@@ -435,7 +486,8 @@ def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) of a [rows, vocab] tensor whose rows are contiguous:
     the first maximal index (NaN counts as maximal), from the block maxima."""
     rows, vocab = x.shape
-    if vocab <= 2 * VOCAB_BLOCK:
+    if vocab <= 2 * VOCAB_BLOCK or x.device.type != "cpu":
+        # The blocks pay off on CPU only: a GPU's argmax is one kernel over the row.
         return torch.argmax(x, dim=-1)
     block = torch.argmax(block_reduce(x, torch.amax), dim=-1)  # the first block holding the row's maximum
     cols, _real = _block_columns(block, vocab)
@@ -634,4 +686,10 @@ class PenaltyCounts:
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.int64, device=device)
+    return _on(rows, torch.int64, device)
+
+
+def _on(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without waiting for the device: torch.tensor(..., device=cuda)
+    copies synchronously, which would stall the host until every queued kernel has run."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,8 @@ from .parallel import GROUP_TIMEOUT, TensorParallelGroup, rank_threads
 from .rank_group import RankGroup, RayRankGroup
 
 LINGER_MS = 1000
+# How often a worker with a launched step looks for the next message and for its tokens.
+POLL_S = 50e-6
 
 # Test-only: with BATON_TEST_CRASH_TOKEN=<id> set, a step that adds a request
 # whose tokens contain that id makes the worker exit at once (code 86, no
@@ -73,6 +77,17 @@ class Channel:
         if self.backlog:
             return self.backlog.pop(0)
         return protocol.decode(self.recv())
+
+    def next_message_or(self, ready: Callable[[], bool]):
+        """The next message, or None as soon as ready() holds with no message waiting."""
+        while True:
+            if self.backlog:
+                return self.backlog.pop(0)
+            if self.pull.poll(0):
+                return protocol.decode(self.recv())
+            if ready():
+                return None
+            time.sleep(POLL_S)
 
     def wait_mask(self, step_id: int):
         """Waits for the StepMask of step_id (sent once the engine knows the tokens
@@ -115,19 +130,37 @@ def fail(channel: Channel | None, message: str) -> int:
 
 
 def serve(channel: Channel, runner, crash_token: int | None = None, tp: TensorParallelGroup | None = None) -> int:
-    """tp: rank 0's group, to which every Step and the Shutdown are forwarded (None: no other ranks)."""
+    """tp: rank 0's group, to which every Step and the Shutdown are forwarded (None: no other ranks).
+
+    Overlap: a Step the runner can overlap is launched before the previous
+    step's result is sent (the engine sends step N+1 before it has N's result),
+    so the device runs N+1's forward pass right after N's while the host reads
+    N's tokens and sends them. With nothing to launch, a launched step is
+    finished as soon as its tokens are on the host."""
+    pending = None  # a launched step whose result is not sent yet
     while True:
-        message = channel.next_message()
-        if isinstance(message, protocol.Step):
+        message = channel.next_message() if pending is None else channel.next_message_or(pending.done)
+        if message is None:
+            channel.send(pending.finish())
+            pending = None
+        elif isinstance(message, protocol.Step):
             if crash_token is not None and any(crash_token in added.token_ids for added in message.added):
                 print(f"baton_worker: BATON_TEST_CRASH_TOKEN {crash_token} seen: exiting {CRASH_EXIT_CODE} (test-only)", file=sys.stderr, flush=True)
                 os._exit(CRASH_EXIT_CODE)
             if tp is not None:
                 tp.broadcast_bytes(protocol.encode(message))
-            channel.send(runner.execute(message, channel.wait_mask))
+            if pending is not None and not runner.overlaps(message):
+                channel.send(pending.finish())
+                pending = None
+            launched = runner.launch(message, channel.wait_mask)
+            if pending is not None:
+                channel.send(pending.finish())
+            pending = launched
         elif isinstance(message, protocol.Ping):
             channel.send(protocol.Pong(message.nonce))
         elif isinstance(message, protocol.Shutdown):
+            if pending is not None:
+                channel.send(pending.finish())
             if tp is not None:
                 tp.broadcast_bytes(protocol.encode(message))
             channel.close()

@@ -34,13 +34,39 @@ from .persistent_batch import PersistentBatch, StepInputs
 from .protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from .request_state import RequestState
 from .head_screen import SPLIT_ROWS, screens
-from .sampler import SampleOutput, Sampler, TokenMask, is_greedy
+from .sampler import PendingSample, SampleOutput, Sampler, TokenMask, is_greedy, penalizes
 from .token_bitmask import words_per_row
 
 _ROW_FIELDS = ("num_new_tokens", "num_computed", "new_block_counts", "sample")
 
 # Prompt positions whose logits are materialised at once: about this many floats.
 _PROMPT_SLICE_FLOATS = 1 << 24
+
+
+# A sampled token's place, reserved at launch until its value reaches the host.
+PLACEHOLDER = -1
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose forward pass and sampling are queued on the device."""
+
+    runner: StepRunner
+    step_id: int
+    req_ids: np.ndarray  # the sampled rows' requests
+    sampled: list[RequestState]
+    slots: np.ndarray  # the sampled rows' slots
+    positions: np.ndarray  # where each sampled token goes in its request
+    pending: PendingSample
+    prompt_out: PromptLogprobs | None
+    times: tuple[float, float, float]  # perf_counter at the start, after the inputs, after the forward pass
+
+    def done(self) -> bool:
+        """Whether the tokens are on the host (finish() would not wait)."""
+        return self.pending.done()
+
+    def finish(self) -> StepResult:
+        return self.runner.finish(self)
 
 
 @dataclass
@@ -88,6 +114,12 @@ class StepRunner:
         self.by_slot: dict[int, RequestState] = {}
         self.batch = PersistentBatch(block_size, device)
         self.graphs = None  # cuda_graphs.DecodeGraphs, set by loading on CUDA
+        # Overlap: a step may be launched before the previous one finishes (overlaps()),
+        # so the host prepares step N+1 while the GPU runs N. Where compute is
+        # synchronous (CPU) there is nothing to overlap.
+        self.overlap = device.type == "cuda" and model is not None and model.tp is None
+        self.penalized: set[int] = set()  # requests whose sampling reads their earlier tokens' values
+        self.last_tokens: torch.Tensor | None = None  # [slots] each slot's latest sampled token, on the device
         # On CPU: torch's threads per phase of a step (cpu_threads.py); the worker's share of the cores is set by now.
         self.cpu = CpuThreads(torch.get_num_threads()) if device.type == "cpu" else None
         # Slots of requests that want prompt logprobs, until their prompt is computed.
@@ -103,6 +135,25 @@ class StepRunner:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
         pass it is called with the step id and returns the StepMask that the
         engine sends once it knows the tokens before those rows."""
+        return self.finish(self.launch(step, wait_mask))
+
+    def overlaps(self, step: Step) -> bool:
+        """Whether `step` may be launched while the previous step is not finished
+        (its tokens not on the host yet). Its rows read the previous step's tokens
+        on the device; what needs them on the host must wait: grammar masks (the
+        engine makes them from the tokens), penalties (counted from the tokens),
+        prompt logprobs, and tensor parallelism (rank 0 broadcasts host tokens)."""
+        if not self.overlap or len(step.mask_rows) or self.prompt_slots:
+            return False
+        if self.penalized and any(r in self.penalized for r in step.req_ids.tolist()):
+            return False
+        return not any(penalizes(a.sampling) or a.prompt_logprobs >= 0 for a in step.added)
+
+    def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> LaunchedStep:
+        """Everything of the step up to its sampled tokens on the device, and their
+        copy to the host queued; finish() waits for them. The sampled rows' next
+        positions are reserved at once (PLACEHOLDER on the host, the token in
+        last_tokens on the device), so a next step can be checked and built now."""
         t0 = time.perf_counter()
         self._remove(step)
         self._add(step)
@@ -112,6 +163,8 @@ class StepRunner:
         sampled = [self.by_slot[s] for s in sample_slots.tolist()]
         prompt = self._prompt_rows(slots, start, num_new) if self.prompt_slots else None
         replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
+        if self.model is not None and len(inputs.input_ids_host) and inputs.input_ids_host.min() < 0:
+            self._fill_from_device(inputs)
         t1 = time.perf_counter()
         logits = None
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
@@ -141,22 +194,41 @@ class StepRunner:
             # Waiting for a grammar mask counts as sampling time: the forward pass is done.
             token_mask = self._token_mask(step, len(sampled), wait_mask)
             if head_rows is not None:
-                out = self._sample_screened(*head_rows, sampled, token_mask)
+                pending = PendingSample.ready(self._sample_screened(*head_rows, sampled, token_mask))
             else:
-                out = self._sample(logits, sampled, inputs, token_mask)
+                pending = self._sample(logits, sampled, inputs, token_mask)
         else:
             # Rank 0 samples (it alone has the logits and the grammar masks); here only its ids matter.
-            out = SampleOutput(np.zeros(0, np.int32), None, None, None, None)
+            pending = PendingSample.ready(SampleOutput(np.zeros(0, np.int32), None, None, None, None))
         if tp is not None:
+            out = pending.read()
             out.token_ids = tp.broadcast_tokens(out.token_ids if tp.is_driver else None, len(sample_slots))
+            pending = PendingSample.ready(out)
+        positions = self.batch.lengths[sample_slots].copy()
         if len(sample_slots):
-            self.batch.append_tokens(sample_slots, out.token_ids)
-            for state, token in zip(sampled, out.token_ids.tolist()):
-                state.token_ids.append(token)
+            self.batch.append_tokens(sample_slots, np.full(len(sample_slots), PLACEHOLDER, np.int32))
+            for state in sampled:
+                state.token_ids.append(PLACEHOLDER)
+            if self.overlap:
+                tokens = pending.tokens if pending.tokens is not None else torch.from_numpy(pending.read().token_ids).to(self.device)
+                self._keep_on_device(sample_slots, tokens)
+        return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, pending, prompt_out,
+                            (t0, t1, t2))
+
+    def finish(self, launched: LaunchedStep) -> StepResult:
+        """Waits for the launched step's tokens and puts them in their reserved places."""
+        out = launched.pending.read()
+        tokens = out.token_ids.tolist()
+        for state, slot, position, token in zip(launched.sampled, launched.slots.tolist(), launched.positions.tolist(), tokens):
+            state.token_ids[position] = token
+            if self.by_slot.get(slot) is state:  # a request removed since has left its slot to another
+                self.batch.tokens[slot, position] = token
+        t0, t1, t2 = launched.times
         t3 = time.perf_counter()
+        prompt_out = launched.prompt_out
         return StepResult(
-            step_id=step.step_id,
-            req_ids=step.req_ids[sample],
+            step_id=launched.step_id,
+            req_ids=launched.req_ids,
             token_ids=out.token_ids,
             logprobs=out.logprobs,
             top_counts=out.top_counts,
@@ -170,6 +242,29 @@ class StepRunner:
             prompt_top_logprobs=None if prompt_out is None else prompt_out.top_logprobs,
         )
 
+    # ------------------------------------------------------------ tokens on the device
+
+    def _keep_on_device(self, slots: np.ndarray, tokens: torch.Tensor) -> None:
+        """last_tokens[slot] = the token just sampled for it (read by a next step
+        launched before this one finishes)."""
+        capacity = self.batch.tokens.shape[0]
+        if self.last_tokens is None or len(self.last_tokens) < capacity:
+            grown = torch.zeros(capacity, dtype=torch.int64, device=tokens.device)
+            if self.last_tokens is not None:
+                grown[: len(self.last_tokens)] = self.last_tokens
+            self.last_tokens = grown
+        index = torch.from_numpy(slots).to(tokens.device, non_blocking=True)
+        self.last_tokens.index_copy_(0, index, tokens.to(torch.int64))
+
+    def _fill_from_device(self, inputs: StepInputs) -> None:
+        """Input tokens not on the host yet (sampled by the unfinished previous
+        step) come from last_tokens."""
+        holes = np.flatnonzero(inputs.input_ids_host < 0)
+        device = inputs.input_ids.device
+        where = torch.from_numpy(holes).to(device, non_blocking=True)
+        owners = torch.from_numpy(inputs.token_slots_host[holes].astype(np.int64)).to(device, non_blocking=True)
+        inputs.input_ids.index_copy_(0, where, self.last_tokens.index_select(0, owners))
+
     # ------------------------------------------------------------ state updates
 
     def _remove(self, step: Step) -> None:
@@ -180,6 +275,7 @@ class StepRunner:
                 del self.slot_of[req_id], self.by_slot[state.slot]
                 self._slot_index = None
                 self.prompt_slots.discard(state.slot)
+                self.penalized.discard(req_id)
                 self.embeds.pop(state.slot, None)
                 self.batch.remove(state.slot)
 
@@ -215,6 +311,8 @@ class StepRunner:
             self.by_slot[slot] = state
             if added.prompt_logprobs >= 0 and added.num_prompt_tokens > 1:
                 self.prompt_slots.add(slot)
+            if penalizes(added.sampling):
+                self.penalized.add(added.req_id)
 
     def _rows(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validates the per-row arrays, appends each row's new blocks and
@@ -438,14 +536,14 @@ class StepRunner:
 
     def _sample(
         self, logits: torch.Tensor | None, sampled: list[RequestState], inputs: StepInputs, token_mask: TokenMask | None = None
-    ) -> SampleOutput:
+    ) -> PendingSample:
         if logits is None and self.model is not None:
             # An empty step: nothing ran, nothing to sample.
-            return SampleOutput(np.zeros(0, np.int32), None, None, None, None)
+            return PendingSample.ready(SampleOutput(np.zeros(0, np.int32), None, None, None, None))
         if logits is None:
             # dummy-null: a cheap deterministic token, (last input token + 1) % vocab.
             last = inputs.input_ids_host[inputs.logits_indices_host]
             tokens = ((last + 1) % self.vocab_size).astype(np.int32)
             wants = any(s.sampling.logprobs >= 0 for s in sampled)
-            return SampleOutput(tokens, np.zeros(len(sampled), np.float32) if wants else None, None, None, None)
-        return self.sampler.sample(logits, sampled, token_mask)
+            return PendingSample.ready(SampleOutput(tokens, np.zeros(len(sampled), np.float32) if wants else None, None, None, None))
+        return self.sampler.launch(logits, sampled, token_mask)

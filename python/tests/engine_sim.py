@@ -4,6 +4,11 @@ It schedules like the real engine (decodes first, then prefill chunks within a
 token budget, so chunked prefill and decodes share steps), hands out block ids
 from a shuffled pool (non-contiguous, out of order), builds Step messages and
 round-trips them through the real wire codec before executing them.
+
+With overlap=True it also schedules as the engine's overlap ("async") mode
+does: step N+1 is built and launched (StepRunner.launch) before step N is
+finished, a row sampled at N counting its token as known; results are
+applied in order, two steps at most outstanding.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class SimRequest:
     blocks: list[int] = field(default_factory=list)
     added: bool = False
     done: bool = False
+    in_flight: int = 0  # sampled tokens of launched steps not applied yet
     logprobs: list[float] = field(default_factory=list)
     tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
     # AddedRequest.prompt_logprobs; what came back, per prompt position: (logprob, rank, top ids, top logprobs).
@@ -41,8 +47,11 @@ class SimRequest:
 
 
 class EngineSim:
-    def __init__(self, runner, block_size: int, num_blocks: int, token_budget: int = 8, seed: int = 0):
+    def __init__(self, runner, block_size: int, num_blocks: int, token_budget: int = 8, seed: int = 0, overlap: bool = False):
         self.runner = runner
+        self.overlap = overlap
+        self.outstanding: list = []  # (launched step, its rows), oldest first
+        self.overlapped = 0  # steps launched while another was outstanding
         self.block_size = block_size
         self.rng = random.Random(seed)
         self.free = list(range(num_blocks))
@@ -56,7 +65,7 @@ class EngineSim:
     def run(self, requests: list[SimRequest], max_steps: int = 1000) -> list[SimRequest]:
         for r in requests:
             r.tokens = list(r.prompt)
-        while not all(r.done for r in requests):
+        while not all(r.done for r in requests) or self.outstanding:
             self.step(requests)
             if self.step_id > max_steps:
                 raise RuntimeError("simulation did not finish")
@@ -73,13 +82,33 @@ class EngineSim:
         self.pending_removals.append(r.req_id)
 
     def step(self, requests: list[SimRequest]) -> None:
-        live = [r for r in requests if not r.done and r.arrive_step <= self.step_id]
-        decodes = [r for r in live if r.added and r.num_computed == len(r.tokens) - 1]
+        step, rows = self._schedule(requests)
+        if not self.overlap:
+            result = protocol.decode(protocol.encode(self.runner.execute(protocol.decode(protocol.encode(step)))))
+            self._apply(result, rows)
+            return
+        if rows:
+            wire = protocol.decode(protocol.encode(step))
+            if self.outstanding and not self.runner.overlaps(wire):
+                self._finish_oldest()
+            self.overlapped += bool(self.outstanding)
+            self.outstanding.append((self.runner.launch(wire), rows))
+        if len(self.outstanding) == 2 or (self.outstanding and not rows):
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        launched, rows = self.outstanding.pop(0)
+        self._apply(protocol.decode(protocol.encode(launched.finish())), rows)
+
+    def _schedule(self, requests: list[SimRequest]) -> tuple[Step, list]:
+        live = [r for r in requests if not r.done and r.arrive_step <= self.step_id and len(r.output) + r.in_flight < r.max_new_tokens]
+        known = {r.req_id: len(r.tokens) + r.in_flight for r in live}
+        decodes = [r for r in live if r.added and r.num_computed == known[r.req_id] - 1]
         prefills = [r for r in live if r not in decodes]
         budget = self.token_budget
         rows: list[tuple[SimRequest, int]] = []
         for r in decodes + prefills:
-            count = min(len(r.tokens) - r.num_computed, budget)
+            count = min(known[r.req_id] - r.num_computed, budget)
             if count <= 0:
                 continue
             rows.append((r, count))
@@ -96,6 +125,7 @@ class EngineSim:
             r.blocks += fresh
             counts.append(len(fresh))
             new_ids += fresh
+        sample = [int(r.num_computed + c == known[r.req_id]) for r, c in rows]
         step = Step(
             step_id=self.step_id,
             added=added,
@@ -105,12 +135,17 @@ class EngineSim:
             num_computed=np.array([r.num_computed for r, _ in rows], np.int32),
             new_block_counts=np.array(counts, np.int32),
             new_block_ids=np.array(new_ids, np.int32),
-            sample=np.array([int(r.num_computed + c == len(r.tokens)) for r, c in rows], np.uint8),
+            sample=np.array(sample, np.uint8),
         )
         self.pending_removals = []
         self.steps.append(step)
-        # Through the real codec, both ways, as the server would see it.
-        result = protocol.decode(protocol.encode(self.runner.execute(protocol.decode(protocol.encode(step)))))
+        for (r, count), s in zip(rows, sample):
+            r.num_computed += count
+            r.in_flight += s
+        self.step_id += 1
+        return step, rows
+
+    def _apply(self, result: protocol.StepResult, rows: list) -> None:
         self.results.append(result)
         by_id = {r.req_id: r for r, _ in rows}
         if result.prompt_counts is not None:
@@ -123,11 +158,10 @@ class EngineSim:
                     r.prompt_results.append((float(result.prompt_logprobs[j]), int(result.prompt_ranks[j]), ids, lps))
                     top_at += k
                 at += count
-        for r, count in rows:
-            r.num_computed += count
         top_offset = 0
         for i, (req_id, token) in enumerate(zip(result.req_ids, result.token_ids)):
             r = by_id[int(req_id)]
+            r.in_flight -= 1
             r.tokens.append(int(token))
             if result.logprobs is not None:
                 r.logprobs.append(float(result.logprobs[i]))
@@ -140,4 +174,3 @@ class EngineSim:
                 self.free += r.blocks
                 r.blocks = []
                 self.pending_removals.append(r.req_id)
-        self.step_id += 1

@@ -24,16 +24,17 @@ TIMEOUT_MS = 60_000
 class Engine:
     """The engine's side of the sockets, plus the spawned worker."""
 
-    def __init__(self, tmp: Path, args: list[str]):
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None):
         self.context = zmq.Context()
         self.push = self.context.socket(zmq.PUSH)
         self.pull = self.context.socket(zmq.PULL)
         self.push.setsockopt(zmq.LINGER, 0)
         self.pull.setsockopt(zmq.LINGER, 0)
+        tmp.mkdir(parents=True, exist_ok=True)
         in_ep, out_ep = f"ipc://{tmp}/in.sock", f"ipc://{tmp}/out.sock"
         self.push.bind(in_ep)
         self.pull.bind(out_ep)
-        env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+        env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR), **(env or {}))
         cmd = [sys.executable, "-m", "baton_worker", "--in-endpoint", in_ep, "--out-endpoint", out_ep, *args]
         self.proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
 
@@ -62,8 +63,8 @@ class Engine:
 def spawn(tmp_path):
     engines = []
 
-    def start(*args: str) -> Engine:
-        engine = Engine(tmp_path, list(args))
+    def start(*args: str, env: dict[str, str] | None = None) -> Engine:
+        engine = Engine(tmp_path / str(len(engines)), list(args), env)
         engines.append(engine)
         return engine
 
@@ -113,6 +114,44 @@ def test_ready_step_ping_shutdown(spawn, model_dir):
     engine.send(protocol.Shutdown())
     code, stderr = engine.wait()
     assert code == 0, stderr
+
+
+def test_overlapped_steps_answer_in_order_with_the_same_tokens(spawn, model_dir):
+    """The engine sends step N+1 before it has N's result. A worker that
+    overlaps (a GPU worker; BATON_TEST_OVERLAP=1 here) launches N+1, whose row
+    reads the token sampled at N on the device, before it answers N; results
+    come in step order, a Ping is answered meanwhile, and the tokens are those
+    of a worker that runs one step at a time."""
+
+    def run(overlap: bool) -> list[int]:
+        env = {"BATON_TEST_OVERLAP": "1"} if overlap else None
+        engine = spawn("--model", str(model_dir), "--block-size", "4", "--num-blocks", "32", "--dtype", "float32", env=env)
+        assert isinstance(engine.recv(), protocol.Ready)
+        added = AddedRequest(5, np.array([3, 1, 4, 1, 5, 9], np.int32), 6, SamplingParams(temperature=0.0))
+        steps = [_step(0, [added], [5], [6], [0], [2], [7, 2], [1])]
+        steps += [_step(i, [], [5], [1], [5 + i], [1] if 5 + i == 8 else [0], [4] if 5 + i == 8 else [], [1]) for i in range(1, 6)]
+        tokens, sent = [], 0
+        for _ in range(2):
+            engine.send(steps[sent])
+            sent += 1
+        engine.send(protocol.Ping(9))
+        replies = []
+        while len(tokens) < len(steps):
+            reply = engine.recv()
+            replies.append(reply)
+            if isinstance(reply, protocol.StepResult):
+                assert reply.step_id == len(tokens)
+                tokens += reply.token_ids.tolist()
+                if sent < len(steps):
+                    engine.send(steps[sent])
+                    sent += 1
+        assert protocol.Pong(9) in replies
+        engine.send(protocol.Shutdown())
+        code, stderr = engine.wait()
+        assert code == 0, stderr
+        return tokens
+
+    assert run(True) == run(False)
 
 
 def test_dummy_null_needs_no_weights(spawn, tmp_path):

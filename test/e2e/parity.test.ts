@@ -35,6 +35,8 @@ interface ArchCase {
   arch: string;
   variant: number;
   flags: string[];
+  /** BATON_TEST_OVERLAP=1: the CPU worker overlaps steps as a GPU worker does (launch N+1, then finish N). */
+  overlap?: boolean;
 }
 
 const CASES: ArchCase[] = [
@@ -42,18 +44,19 @@ const CASES: ArchCase[] = [
   { arch: "llama3", variant: 1, flags: ["--max-num-batched-tokens", "24", "--block-size", "8"] },
   { arch: "mistral", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "16", "--max-num-seqs", "4"] },
   { arch: "qwen2", variant: 1, flags: ["--max-num-batched-tokens", "32", "--block-size", "8"] },
-  { arch: "qwen3", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "4"] },
+  { arch: "qwen3", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "4"], overlap: true },
 ];
 
-for (const { arch, variant, flags } of CASES) {
-  describe(`${arch} (variant ${variant}) through HTTP`, () => {
+for (const { arch, variant, flags, overlap } of CASES) {
+  describe(`${arch} (variant ${variant}${overlap ? ", overlapped worker steps" : ""}) through HTTP`, () => {
     let dir = "";
     let server: RunningServer | null = null;
 
     before(async () => {
       dir = tempDir(`parity-${arch}`);
       makeRandomModel(arch, dir, variant);
-      server = await startServer([dir, "--served-model-name", arch, "--dtype", "float32", ...flags]);
+      const env = overlap ? { ...process.env, BATON_TEST_OVERLAP: "1" } : process.env;
+      server = await startServer([dir, "--served-model-name", arch, "--dtype", "float32", ...flags], undefined, env);
     });
 
     after(async () => {

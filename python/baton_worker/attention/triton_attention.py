@@ -96,7 +96,8 @@ class TritonBackend(AttentionBackend):
         # float32 dots in full precision (the default would round operands to tf32): greedy parity in float32.
         self.precision = "ieee" if cache.dtype == torch.float32 else "tf32"
         self.scale_log2 = self.scale * 1.4426950408889634
-        self.staging: torch.Tensor | None = None  # pinned host buffer of the one upload per step
+        self.staging: list[torch.Tensor | None] = [None, None]  # pinned host buffers of the one upload per step
+        self.uploads = 0
         self.sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device.type == "cuda" else 4
 
     # ------------------------------------------------------------ plans
@@ -131,7 +132,7 @@ class TritonBackend(AttentionBackend):
         seq_lens, query_start, q_index, decode_lens, tile_row_t, tile_first_t = views
         decode = extend = None
         if len(decode_rows):
-            table = meta.block_table if all_decode else meta.block_table[torch.from_numpy(decode_rows).to(self.device)]
+            table = meta.block_table if all_decode else meta.block_table[torch.from_numpy(decode_rows).to(self.device, non_blocking=True)]
             splits = self.decode_splits(len(decode_rows), int(meta.seq_lens[decode_rows].max()))
             decode = DecodeRows(q_index, decode_lens, table, splits)
         if len(tile_row):
@@ -139,11 +140,13 @@ class TritonBackend(AttentionBackend):
         return TritonPlan(self, meta.slot_mapping, decode, extend)
 
     def _upload(self, host: np.ndarray) -> torch.Tensor:
-        # Reusing the pinned buffer is safe: the previous step's copy finished
-        # before its sampled tokens came back to the host.
-        if self.staging is None or self.staging.numel() < len(host):
-            self.staging = torch.empty(max(2 * len(host), 4096), dtype=torch.int32).pin_memory()
-        staged = self.staging[: len(host)]
+        # Two pinned buffers in turn: the previous step's copy may still be queued
+        # (overlapped steps), the one before it has run.
+        turn = self.uploads % 2
+        self.uploads += 1
+        if self.staging[turn] is None or self.staging[turn].numel() < len(host):
+            self.staging[turn] = torch.empty(max(2 * len(host), 4096), dtype=torch.int32).pin_memory()
+        staged = self.staging[turn][: len(host)]
         staged.numpy()[:] = host
         return staged.to(self.device, non_blocking=True)
 

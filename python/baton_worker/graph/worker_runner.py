@@ -69,6 +69,19 @@ class PassInputError(Exception):
     """A pass's inputs cannot be resolved on this worker: fails that pass only."""
 
 
+class Finished:
+    """A step already run: its result, as a launched step's."""
+
+    def __init__(self, result: StepResult):
+        self.result = result
+
+    def done(self) -> bool:
+        return True
+
+    def finish(self) -> StepResult:
+        return self.result
+
+
 class GraphStepRunner:
     """Executes Steps for the nodes one worker hosts (see the module docstring).
 
@@ -112,6 +125,21 @@ class GraphStepRunner:
             self.kv_connector.close()
         if self.arena is not None:
             self.arena.close()
+
+    def overlaps(self, step: Step) -> bool:
+        """Whether `step` may be launched before the previous step is finished:
+        rows only (no graph work, no KV transfer, no connector), which the
+        decoder's StepRunner can overlap."""
+        graph_work = len(step.releases) or step.finished_requests or step.prompts or step.batches
+        kv_work = self.kv_connector is not None or len(step.kv_sends) or len(step.kv_loads) or len(step.kv_cancels)
+        return self.kv is not None and not graph_work and not kv_work and self.kv.overlaps(step)
+
+    def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None):
+        """The step launched (finish() gives its result): overlappable steps only
+        queued on the device, any other step run whole."""
+        if self.overlaps(step):
+            return self.kv.launch(step, wait_mask)
+        return Finished(self.execute(step, wait_mask))
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """wait_mask: how the rows' StepRunner waits for the grammar masks of a step with mask_rows."""
