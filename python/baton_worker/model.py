@@ -21,6 +21,7 @@ from .config import ModelConfig
 from .head_screen import HeadScreen, native_screen_kind
 from .loader import WeightReader
 from .parallel import Partition, TensorParallelGroup
+from .layer_ops import TorchOps, TritonOps
 from .rope import Rotary
 
 
@@ -49,14 +50,6 @@ def _fused(parts: list[torch.Tensor | None], fuse: bool) -> list[torch.Tensor | 
         return [None]
     # One matrix multiply instead of several; the originals are freed after.
     return [torch.cat(parts, dim=0)]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same arithmetic as HF's RMSNorm: normalise in float32, cast back, then scale.
-    dtype = x.dtype
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
 
 
 def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool, part: Partition | None = None) -> LayerWeights:
@@ -203,6 +196,8 @@ class DecoderModel:
         tied = config.tie_word_embeddings or not reader.has("lm_head.weight")
         self.lm_head = LMHead(self.embed if tied else vocab_rows(reader.get("lm_head.weight")), screen=tp is None)
         self.rotary = Rotary(config.rope, config.head_dim, self.device)
+        # Norms, rotation and SiLU * up: one Triton launch each on CUDA, plain torch elsewhere.
+        self.ops = TritonOps(config.rms_norm_eps) if self.device.type == "cuda" else TorchOps(config.rms_norm_eps)
         self.scale = config.head_dim**-0.5
 
     def weight_bytes(self) -> int:
@@ -241,16 +236,20 @@ class DecoderModel:
         if replace is not None:
             x = x.index_copy(0, replace[0], replace[1].to(x.dtype))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        ops = self.ops
+        delta = None  # the previous layer's MLP output, added with the next norm
         for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, self.config.rms_norm_eps)
-            x = x + self._attention(i, layer, h, cos, sin, attention)
-            h = rms_norm(x, layer.post_norm, self.config.rms_norm_eps)
-            x = x + self._mlp(layer, h)
-        return x
+            if delta is None:
+                h = ops.rms_norm(x, layer.input_norm)
+            else:
+                x, h = ops.add_rms_norm(x, delta, layer.input_norm)
+            x, h = ops.add_rms_norm(x, self._attention(i, layer, h, cos, sin, attention), layer.post_norm)
+            delta = self._mlp(layer, h)
+        return x + delta
 
     def head_input(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """The rows at `indices` through the final norm: what the vocabulary projection multiplies."""
-        return rms_norm(hidden.index_select(0, indices), self.norm, self.config.rms_norm_eps)
+        return self.ops.rms_norm(hidden.index_select(0, indices), self.norm)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor | None:
@@ -270,20 +269,24 @@ class DecoderModel:
         k = k.view(t, c.num_kv_heads, c.head_dim)
         v = v.view(t, c.num_kv_heads, c.head_dim)
         if layer.q_norm is not None:
-            q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
-            k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
-        q = self.rotary.apply(q, cos, sin)
-        k = self.rotary.apply(k, cos, sin)
+            q = self.ops.rms_norm(q, layer.q_norm)
+            k = self.ops.rms_norm(k, layer.k_norm)
+        q = self.ops.rotary(q, cos, sin)
+        k = self.ops.rotary(k, cos, sin)
         out = attention.run(i, q, k, v).reshape(t, c.num_heads * c.head_dim)
         if self.tp is None:
             return F.linear(out, layer.o_proj, layer.o_bias)
         return self._row_parallel(out, layer.o_proj, layer.o_bias)
 
     def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
-        gate, up = _project(h, layer.gate_up, layer.gate_up_bias, self.gate_up_sizes)
+        if len(layer.gate_up) == 1:
+            act = self.ops.silu_mul(F.linear(h, layer.gate_up[0], layer.gate_up_bias[0]))
+        else:
+            gate, up = _project(h, layer.gate_up, layer.gate_up_bias, self.gate_up_sizes)
+            act = F.silu(gate) * up
         if self.tp is None:
-            return F.linear(F.silu(gate) * up, layer.down_proj, layer.down_bias)
-        return self._row_parallel(F.silu(gate) * up, layer.down_proj, layer.down_bias)
+            return F.linear(act, layer.down_proj, layer.down_bias)
+        return self._row_parallel(act, layer.down_proj, layer.down_bias)
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A row-parallel projection: this rank's partial sum, all-reduced, then the (whole) bias once."""

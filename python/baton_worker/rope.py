@@ -1,8 +1,8 @@
 """Rotary position embeddings, computed exactly as transformers does.
 
 inv_freq follows transformers' rope init functions (default, linear, llama3);
-cos/sin are computed in float32 and cast to the activation dtype, and the
-rotation uses rotate_half, so greedy outputs match HF token for token.
+cos/sin are computed in float32 and cast to the activation dtype; the
+rotation itself (rotate_half, as HF) is layer_ops' rotary().
 """
 
 from __future__ import annotations
@@ -46,16 +46,3 @@ class Rotary:
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, head_dim]; rotates the first rotary_dim channels."""
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        if self.rotary_dim == x.shape[-1]:
-            return x * cos + _rotate_half(x) * sin
-        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        return torch.cat((rot * cos + _rotate_half(rot) * sin, rest), dim=-1)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -13,6 +13,7 @@ import random
 import pytest
 
 from baton_worker.cuda_graphs import DecodeGraphs
+from baton_worker.layer_ops import TritonOps
 from baton_worker.loading import load_worker
 from baton_worker.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
@@ -38,13 +39,15 @@ def _prompts(vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(vocab) for _ in range(n)] for n in (1, 5, 13, 22)]
 
 
-def _run_worker(model_dir, prompts, block_size, budget, dtype="auto", attention_backend="auto", static_decode=False):
-    """static_decode: decode-only steps go through the static inputs CUDA graphs replay (run eagerly here)."""
+def _run_worker(model_dir, prompts, block_size, budget, dtype="auto", cuda_path=False):
+    """cuda_path: what a CUDA worker runs, here in Triton's interpreter without a GPU: Triton
+    attention and layer kernels, decode-only steps through the static inputs CUDA graphs replay."""
     opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=block_size, num_blocks=96, dtype=dtype,
-                         attention_backend=attention_backend)
+                         attention_backend="triton" if cuda_path else "auto")
     loaded = load_worker(opts)
-    if static_decode:
+    if cuda_path:
         runner = loaded.runner
+        runner.model.ops = TritonOps(loaded.config.rms_norm_eps)
         runner.graphs = DecodeGraphs(runner.model, runner.attention, 96, max_rows=4, capture=False)
         run, replays = runner.graphs.run, []
 
@@ -60,7 +63,7 @@ def _run_worker(model_dir, prompts, block_size, budget, dtype="auto", attention_
     requests = [SimRequest(i, p, NEW_TOKENS, greedy, arrive_step=2 * i) for i, p in enumerate(prompts)]
     sim.run(requests)
     assert loaded.ready.dtype == (dtype if dtype != "auto" else loaded.config.torch_dtype)
-    if static_decode:
+    if cuda_path:
         assert sum(replays) >= NEW_TOKENS // 2, "decode-only steps should take the static path"
     mixed = any(
         (res_rows := [(n, s) for n, s in zip(step_rows.num_new_tokens, step_rows.sample)])
@@ -89,14 +92,15 @@ TRITON_CASES = [("qwen3", 0, 16, 8), ("mistral", 0, 16, 6), ("llama3", 2, 32, 9)
 
 
 @pytest.mark.parametrize("arch,variant,block_size,budget", TRITON_CASES, ids=[f"{a}-v{v}" for a, v, _, _ in TRITON_CASES])
-def test_triton_backend_and_static_decode_match_transformers(tmp_path, arch, variant, block_size, budget):
-    """The CUDA default path: Triton kernels for every step (in the interpreter
-    without a GPU) and decode-only steps through the static graph inputs."""
+def test_cuda_path_matches_transformers(tmp_path, arch, variant, block_size, budget):
+    """The CUDA default path: Triton kernels for attention and the layer's small
+    operations (in the interpreter without a GPU), decode-only steps through the
+    static graph inputs."""
     pytest.importorskip("triton")
     model_dir = make_model_dir(arch, tmp_path / arch, variant)
     prompts = _prompts(512, variant + 11)
     expected = hf_greedy(model_dir, prompts, NEW_TOKENS)
-    got, mixed = _run_worker(model_dir, prompts, block_size, budget, dtype="float32", attention_backend="triton", static_decode=True)
+    got, mixed = _run_worker(model_dir, prompts, block_size, budget, dtype="float32", cuda_path=True)
     assert mixed
     assert got == expected
 

@@ -44,6 +44,24 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _interpreter_scalars_as_ints() -> None:
+    """Triton 3.6's interpreter holds a scalar as a 1-element array and takes
+    int() of it for range() bounds, which NumPy 2.4 refuses; read the element."""
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if interpreted():
+    _interpreter_scalars_as_ints()
+
+
 @dataclass
 class DecodeRows:
     q_index: torch.Tensor  # [D] the flat-batch token of each decode row
@@ -84,10 +102,13 @@ class TritonPlan:
 class TritonBackend(AttentionBackend):
     name = "triton"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, tile_n: int = TILE_N, num_warps: int = 4, **kwargs):
+        """tile_n, num_warps: keys per tile and warps per program of the decode and
+        extend kernels (bench/gpu/attention_kernels.py compares settings)."""
         super().__init__(*args, **kwargs)
         from . import triton_kernels
 
+        self.tile_n, self.num_warps = tile_n, num_warps
         self.kernels = triton_kernels
         self.group = self.num_heads // self.num_kv_heads
         cache = self.cache.layers[0]
@@ -180,7 +201,7 @@ class TritonBackend(AttentionBackend):
             self.scale_log2, window,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), rows.table.stride(0), cache.stride(0), cache.stride(1),
             HEADS=self.num_heads, GROUP=self.group, GROUP_PAD=max(16, _pow2_ceil(self.group)), D=self.head_dim, D_PAD=self.d_pad,
-            BLOCK_SIZE=self.cache.block_size, TILE_N=TILE_N, SPLITS=splits, PRECISION=self.precision,
+            BLOCK_SIZE=self.cache.block_size, TILE_N=self.tile_n, SPLITS=splits, PRECISION=self.precision, num_warps=self.num_warps,
         )
         if splits > 1:
             self.kernels.merge_splits_kernel[(n, self.num_heads)](
@@ -194,5 +215,5 @@ class TritonBackend(AttentionBackend):
             self.scale_log2, window,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), tiles.table.stride(0), cache.stride(0), cache.stride(1),
             GROUP=self.group, TOKENS=tiles.tokens, M=max(16, _pow2_ceil(tiles.tokens * self.group)), D=self.head_dim,
-            D_PAD=self.d_pad, BLOCK_SIZE=self.cache.block_size, TILE_N=TILE_N, PRECISION=self.precision,
+            D_PAD=self.d_pad, BLOCK_SIZE=self.cache.block_size, TILE_N=self.tile_n, PRECISION=self.precision, num_warps=self.num_warps,
         )
