@@ -29,14 +29,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | t
 "$py" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$summary"
 
 say "== parity and kernels (pytest, CUDA)"
-timeout 150 "$py" -m pytest -q -p no:cacheprovider python/tests/test_parity.py python/tests/test_overlap.py \
+timeout 140 "$py" -m pytest -q -p no:cacheprovider python/tests/test_parity.py python/tests/test_overlap.py \
   python/tests/test_layer_ops.py python/tests/test_triton_attention.py -k "not test_mixed_step or None-4-16 or 40-8-32" \
   >"$out/pytest.log" 2>&1
 say "pytest exit $?: $(grep -E '(passed|failed)' "$out/pytest.log" | tail -n 1)"
 grep -E "^(FAILED|ERROR)" "$out/pytest.log" | head -n 20 | tee -a "$summary"
 
 say "== decode: CUDA graphs, overlapped steps (the default path)"
-timeout 120 "$py" bench/gpu_decode.py --preset llama3-8b --batch 1 8 32 64 128 256 --prefill-len 2048 --profile 1 128 \
+timeout 110 "$py" bench/gpu_decode.py --preset llama3-8b --batch 1 8 32 64 128 256 --prefill-len 2048 --profile 1 128 \
   --trace "$out/trace.json" --json "$out/decode.json" >"$out/decode.log" 2>&1
 say "exit $?"
 grep -vE "UserWarning|_warn_once|USDT|profiler_st" "$out/decode.log" | tail -n 40 | tee -a "$summary"
@@ -44,12 +44,12 @@ rm -f "$out"/trace*.json
 
 if [ -d .gpu-carry ] && [ -f bench/gpu/serve.sh ]; then
   say "== served: baton serve + baton bench serve"
-  timeout 190 bash bench/gpu/serve.sh >"$out/serve.log" 2>&1
+  timeout 170 bash bench/gpu/serve.sh >"$out/serve.log" 2>&1
   say "exit $?"
   tail -n 12 "$out/serve.log" | tee -a "$summary"
 fi
 
 say "== attention kernels alone"
-timeout 60 "$py" bench/gpu/attention_kernels.py >"$out/kernels.log" 2>&1
+timeout 50 "$py" bench/gpu/attention_kernels.py >"$out/kernels.log" 2>&1
 say "exit $?"
 grep -E "best|prefill|copy bandwidth" "$out/kernels.log" | tee -a "$summary"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -44,12 +45,31 @@ def rms_norm_kernel(
 
 
 @triton.jit
+def _mul(a, b, UNFUSED: tl.constexpr):
+    # The compiler contracts a product and a following sum into one fused multiply-add
+    # (one rounding where torch, op by op, has two); libdevice's _rn operations are never fused.
+    if UNFUSED:
+        return libdevice.mul_rn(a, b)
+    else:
+        return a * b
+
+
+@triton.jit
+def _add(a, b, UNFUSED: tl.constexpr):
+    if UNFUSED:
+        return libdevice.add_rn(a, b)
+    else:
+        return a + b
+
+
+@triton.jit
 def rotary_kernel(
     x_ptr, cos_ptr, sin_ptr, stride_xt, stride_xh, stride_cos, heads,
-    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, UNFUSED: tl.constexpr,
 ):
     """In place: x[:rot] = x * cos + rotate_half(x) * sin for every head of token t, each product
-    and the sum rounded to x's dtype as torch does (the channels past 2 * HALF are left alone)."""
+    and the sum rounded to x's dtype as torch does (the channels past 2 * HALF are left alone).
+    UNFUSED (compiled kernels; the interpreter computes op by op anyway): no fused multiply-add."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -57,17 +77,17 @@ def rotary_kernel(
     first = x_ptr + t * stride_xt + h * stride_xh + d
     x1 = tl.load(first, mask=mask, other=0.0)
     x2 = tl.load(first + HALF, mask=mask, other=0.0)
-    c1 = tl.load(cos_ptr + t * stride_cos + d, mask=d < HALF, other=0.0)
-    c2 = tl.load(cos_ptr + t * stride_cos + HALF + d, mask=d < HALF, other=0.0)
-    s1 = tl.load(sin_ptr + t * stride_cos + d, mask=d < HALF, other=0.0)
-    s2 = tl.load(sin_ptr + t * stride_cos + HALF + d, mask=d < HALF, other=0.0)
+    c1 = tl.load(cos_ptr + t * stride_cos + d, mask=d < HALF, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * stride_cos + HALF + d, mask=d < HALF, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * stride_cos + d, mask=d < HALF, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * stride_cos + HALF + d, mask=d < HALF, other=0.0).to(tl.float32)
     dtype = x1.dtype
-    a1 = (x1.to(tl.float32) * c1.to(tl.float32)).to(dtype)
-    b1 = (-x2.to(tl.float32) * s1.to(tl.float32)).to(dtype)
-    a2 = (x2.to(tl.float32) * c2.to(tl.float32)).to(dtype)
-    b2 = (x1.to(tl.float32) * s2.to(tl.float32)).to(dtype)
-    tl.store(first, (a1.to(tl.float32) + b1.to(tl.float32)).to(dtype), mask=mask)
-    tl.store(first + HALF, (a2.to(tl.float32) + b2.to(tl.float32)).to(dtype), mask=mask)
+    a1 = _mul(x1.to(tl.float32), c1, UNFUSED).to(dtype)
+    b1 = _mul(-x2.to(tl.float32), s1, UNFUSED).to(dtype)
+    a2 = _mul(x2.to(tl.float32), c2, UNFUSED).to(dtype)
+    b2 = _mul(x1.to(tl.float32), s2, UNFUSED).to(dtype)
+    tl.store(first, _add(a1.to(tl.float32), b1.to(tl.float32), UNFUSED).to(dtype), mask=mask)
+    tl.store(first + HALF, _add(a2.to(tl.float32), b2.to(tl.float32), UNFUSED).to(dtype), mask=mask)
 
 
 @triton.jit

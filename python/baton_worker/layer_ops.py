@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .triton_interpreter import interpreted
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Same arithmetic as HF's RMSNorm: normalise in float32, cast back, then scale.
@@ -101,7 +103,7 @@ class TritonOps(TorchOps):
         if t:
             self.kernels.rotary_kernel[(t,)](
                 x, cos, sin, x.stride(0), x.stride(1), cos.stride(0), heads,
-                HALF=half, BLOCK_H=_pow2(heads), BLOCK_D=_pow2(half),
+                HALF=half, BLOCK_H=_pow2(heads), BLOCK_D=_pow2(half), UNFUSED=not interpreted(),
             )
         return x
 

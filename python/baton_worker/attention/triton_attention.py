@@ -13,12 +13,12 @@ the tests compare them with the reference backend.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .. import triton_interpreter  # noqa: F401  (under TRITON_INTERPRET=1, fixes the interpreter first)
 from .base import AttentionBackend, AttentionMetadata
 
 # A window this wide is no window (the kernels take the window as a plain int).
@@ -38,28 +38,6 @@ def _pow2_ceil(n: int) -> int:
 
 def _pow2_floor(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
-
-
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _interpreter_scalars_as_ints() -> None:
-    """Triton 3.6's interpreter holds a scalar as a 1-element array and takes
-    int() of it for range() bounds, which NumPy 2.4 refuses; read the element."""
-    from triton.runtime import interpreter
-
-    patch_tensor = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch_tensor(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-
-
-if interpreted():
-    _interpreter_scalars_as_ints()
 
 
 @dataclass
