@@ -38,8 +38,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "python"))
 
-from baton_worker.loading import load_worker, resolve_device  # noqa: E402
-from baton_worker.options import WorkerOptions  # noqa: E402
+from baton_worker.runtime.loading import load_worker, resolve_device  # noqa: E402
+from baton_worker.runtime.options import WorkerOptions  # noqa: E402
 from baton_worker.protocol import AddedRequest, SamplingParams, Step  # noqa: E402
 
 PRESETS = {

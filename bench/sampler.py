@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "python" / "tests")]
 
 from baton_worker.protocol import SamplingParams  # noqa: E402
-from baton_worker.request_state import RequestState  # noqa: E402
-from baton_worker.sampler import Sampler  # noqa: E402
+from baton_worker.runtime.request_state import RequestState  # noqa: E402
+from baton_worker.sampling.sampler import Sampler  # noqa: E402
 from test_sampler_reference import ReferenceSampler  # noqa: E402
 
 CASES = {

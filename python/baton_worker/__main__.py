@@ -1,9 +1,9 @@
-"""Entry point: python -m baton_worker (see baton_worker.options for the flags)."""
+"""Entry point: python -m baton_worker (see baton_worker.runtime.options for the flags)."""
 
 import os
 import sys
 
-from .server import main
+from .runtime.server import main
 
 code = main()
 sys.stdout.flush()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from baton_worker.attention import AttentionMetadata, CpuBackend, FlexBackend, ReferenceBackend
-from baton_worker.kv_cache import KVCache
+from baton_worker.attention.kv_cache import KVCache
 
 HEAD_DIM = 16
 KV_HEADS = 2

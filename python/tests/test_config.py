@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from baton_worker.config import ConfigError, RopeConfig, load_model_config
-from baton_worker.rope import inverse_frequencies
+from baton_worker.model.config import ConfigError, RopeConfig, load_model_config
+from baton_worker.model.rope import inverse_frequencies
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],

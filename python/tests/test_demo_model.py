@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from baton_worker import demo_model
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.models import demo_llm
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 
@@ -22,10 +22,10 @@ def _digest(path: Path) -> str:
 def test_demo_model_is_deterministic_and_varied(tmp_path):
     tokenizer = TOKENIZER_DIR if (TOKENIZER_DIR / "tokenizer.json").exists() else None
     out = tmp_path / "demo"
-    assert demo_model.main(["--out", str(out)] + (["--tokenizer-dir", str(tokenizer)] if tokenizer else [])) == 0
+    assert demo_llm.main(["--out", str(out)] + (["--tokenizer-dir", str(tokenizer)] if tokenizer else [])) == 0
     first = _digest(out / "model.safetensors")
     (out / ".baton-demo-seed").unlink()  # force a rebuild: the bytes must not change
-    demo_model.build(out, tokenizer)
+    demo_llm.build(out, tokenizer)
     assert _digest(out / "model.safetensors") == first
     if tokenizer:
         assert (out / "tokenizer.json").exists() and (out / "tokenizer_config.json").exists()

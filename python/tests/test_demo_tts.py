@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from baton_worker.config import load_model_config
+from baton_worker.model.config import load_model_config
 from baton_worker.models.demo_tts.audio import pcm_to_s16le, s16le_to_array
 from baton_worker.models.demo_tts.build import build
 from baton_worker.models.demo_tts.codec import CodecDecoder, load_codec

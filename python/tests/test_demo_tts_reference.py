@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baton_worker.loading import load_worker
+from baton_worker.runtime.loading import load_worker
 from baton_worker.models.demo_tts.build import build
 from baton_worker.models.demo_tts.reference import Reference, sample_token
 from baton_worker.models.demo_tts.text import prompt_ids
-from baton_worker.options import WorkerOptions
-from baton_worker.sampler import seeded_uniform
+from baton_worker.runtime.options import WorkerOptions
+from baton_worker.sampling.sampler import seeded_uniform
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 

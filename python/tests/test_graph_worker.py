@@ -19,18 +19,18 @@ import pytest
 import torch
 
 from baton_worker import protocol
-from baton_worker.config import ConfigError
+from baton_worker.model.config import ConfigError
 from baton_worker.graph import EMIT_TO_CLIENT, EngineType, GraphEdge, GraphModel, GraphNode, LLMGraphModel, Sequential
 from baton_worker.graph.export import export_graph
 from baton_worker.graph.node_runner import NodeRunner, NodeSubmodule
 from baton_worker.graph.worker_runner import GraphStepRunner
-from baton_worker.loading import load_worker
+from baton_worker.runtime.loading import load_worker
 from baton_worker.models.demo_tts.build import build
 from baton_worker.models.demo_tts.graph_model import BatonDemoTTS
 from baton_worker.models.demo_tts.reference import Reference
 from baton_worker.models.demo_tts.streaming import StreamChunk, sliding_window_chunks
 from baton_worker.models.demo_tts.text import prompt_ids
-from baton_worker.options import OptionsError, WorkerOptions, parse_options
+from baton_worker.runtime.options import OptionsError, WorkerOptions, parse_options
 from baton_worker.protocol import (
     AddedRequest,
     ChunkPosition,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from baton_worker.head_screen import DRAW_ROUNDS, NEAR_MARGIN, SCREEN_BLOCK, HeadScreen, int8_products_are_exact
+from baton_worker.sampling.head_screen import DRAW_ROUNDS, NEAR_MARGIN, SCREEN_BLOCK, HeadScreen, int8_products_are_exact
 
 if not torch.backends.mkldnn.is_available():
     pytest.skip("the screen multiplies with oneDNN", allow_module_level=True)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from baton_worker.kv_cache import KVCache
+from baton_worker.attention.kv_cache import KVCache
 from baton_worker.kv_connector import KvConnectorWorker, TorchDistributedTransport
 from baton_worker.protocol import KvTransfer
 

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from baton_worker.layer_ops import TorchOps, TritonOps  # noqa: E402
+from baton_worker.model.layer_ops import TorchOps, TritonOps  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])

@@ -10,10 +10,10 @@ import shutil
 import pytest
 import torch
 
-from baton_worker.config import load_model_config
-from baton_worker.loader import RandomWeightReader
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.model.config import load_model_config
+from baton_worker.model.weights import RandomWeightReader
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 from hf_reference import hf_greedy

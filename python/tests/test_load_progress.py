@@ -4,8 +4,8 @@ from pathlib import Path
 
 import torch
 
-from baton_worker.loader import WeightReader, stderr_progress
-from baton_worker.options import parse_options
+from baton_worker.model.weights import WeightReader, stderr_progress
+from baton_worker.runtime.options import parse_options
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"

@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 from hf_reference import hf_greedy

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from baton_worker.cuda_graphs import DecodeGraphs
-from baton_worker.layer_ops import TritonOps
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.runtime.cuda_graphs import DecodeGraphs
+from baton_worker.model.layer_ops import TritonOps
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 from hf_reference import hf_greedy, load_model

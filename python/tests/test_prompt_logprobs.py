@@ -14,8 +14,8 @@ import random
 import pytest
 import torch
 
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
 from engine_sim import EngineSim, SimRequest
 from hf_reference import load_model

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import SamplingParams
-from baton_worker.request_state import RequestState
-from baton_worker.sampler import Sampler
+from baton_worker.runtime.request_state import RequestState
+from baton_worker.sampling.sampler import Sampler
 from engine_sim import EngineSim, SimRequest
 from random_models import make_model_dir
 
@@ -95,7 +95,7 @@ def test_seeded_draw_depends_on_seed_and_output_position_only():
 
 
 def test_seeded_uniform_is_a_fixed_hash_of_seed_and_position():
-    from baton_worker.sampler import seeded_uniform
+    from baton_worker.sampling.sampler import seeded_uniform
 
     values = [seeded_uniform(seed, pos) for seed in (0, 1, -1, 7, 12345) for pos in range(200)]
     assert all(0.0 <= v < 1.0 and v * 2**24 == int(v * 2**24) for v in values)
@@ -228,7 +228,7 @@ def test_top_k_then_top_p_renormalise_within_top_k():
 
 @pytest.mark.parametrize("vocab", [16, 2049, 3000, 4096, 151936])
 def test_blocked_argmax_is_torch_argmax(vocab):
-    from baton_worker.sampler import first_argmax
+    from baton_worker.sampling.sampler import first_argmax
 
     gen = torch.Generator().manual_seed(vocab)
     # bf16-rounded logits tie often; ties across and inside blocks, -inf rows and a NaN row.
@@ -245,7 +245,7 @@ def test_blocked_argmax_is_torch_argmax(vocab):
 
 @pytest.mark.parametrize("vocab", [16, 1024, 1500, 151936])
 def test_inverse_cdf_draws_only_tokens_with_weight_and_spans_the_mass(vocab):
-    from baton_worker.sampler import VOCAB_BLOCK, inverse_cdf
+    from baton_worker.sampling.sampler import VOCAB_BLOCK, inverse_cdf
 
     gen = torch.Generator().manual_seed(vocab)
     weights = torch.rand(6, vocab, generator=gen)

@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from baton_worker.protocol import SamplingParams
-from baton_worker.request_state import RequestState
-from baton_worker.sampler import SAMPLING_EPS, VOCAB_BLOCK, SampleOutput, Sampler, seeded_uniform
+from baton_worker.runtime.request_state import RequestState
+from baton_worker.sampling.sampler import SAMPLING_EPS, VOCAB_BLOCK, SampleOutput, Sampler, seeded_uniform
 
 # ---------------------------------------------------------------------------
-# The per-row sampler as it was before batching (baton_worker/sampler.py at
+# The per-row sampler as it was before batching (baton_worker/sampling/sampler.py at
 # c486cff), kept as the reference. Changes since: its penalty tensors live in
 # its own books instead of on the RequestState; a seeded row's uniform number
 # is seeded_uniform(seed, output position) instead of the next number of a
@@ -421,7 +421,7 @@ def test_penalty_rows_are_given_back_when_a_request_is_dropped():
 def test_long_rows_are_summed_as_a_lone_row_would_be():
     # torch may split one long row's sum across threads but sums a batch row by
     # row; seeded top-p rows must round like the reference's lone row.
-    from baton_worker.sampler import _row_sums
+    from baton_worker.sampling.sampler import _row_sums
 
     probs = torch.softmax(torch.randn(6, 151936, generator=torch.Generator().manual_seed(4)) * 3, dim=-1)
     sums = _row_sums(probs, [True] * 6)

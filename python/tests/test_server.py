@@ -230,7 +230,7 @@ def test_inconsistent_step_is_fatal(spawn, model_dir):
 def test_worker_processes_on_one_host_share_its_cores(host_workers, tp):
     # Each worker takes cores / (host workers x TP ranks) torch threads, at least 1 (OMP_NUM_THREADS unset).
     code = (
-        "from baton_worker.options import parse_options; from baton_worker.server import set_cpu_threads; "
+        "from baton_worker.runtime.options import parse_options; from baton_worker.runtime.server import set_cpu_threads; "
         f"print(set_cpu_threads(parse_options(['--model', 'm', '--in-endpoint', 'ipc://a', '--out-endpoint', 'ipc://b', '--block-size', '16', "
         f"'--host-workers', '{host_workers}', '--tensor-parallel-size', '{tp}'])))"
     )
@@ -242,7 +242,7 @@ def test_worker_processes_on_one_host_share_its_cores(host_workers, tp):
 
 
 def test_host_workers_must_be_positive():
-    from baton_worker.options import OptionsError, parse_options
+    from baton_worker.runtime.options import OptionsError, parse_options
 
     with pytest.raises(OptionsError, match="--host-workers must be >= 1, got 0"):
         parse_options(["--model", "m", "--in-endpoint", "ipc://a", "--out-endpoint", "ipc://b", "--block-size", "16", "--host-workers", "0"])

@@ -13,7 +13,7 @@ import torch
 
 from baton_worker.graph.node_runner import NodeRunner
 from baton_worker.graph.worker_runner import GraphStepRunner
-from baton_worker.options import OptionsError, parse_options
+from baton_worker.runtime.options import OptionsError, parse_options
 from baton_worker.protocol import NamedValues, NodePass, PassBatch, PromptRequest
 from baton_worker.transfer.shm import SHM_DIR, ShmArena
 from test_graph_worker import Toy, graph_step, pcm_of, run

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker.protocol import AddedRequest, ProtocolError, SamplingParams, Step
 from engine_sim import EngineSim, SimRequest
 from hf_reference import hf_greedy

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from baton_worker.config import ConfigError
-from baton_worker.parallel import Partition, check_tensor_parallel
+from baton_worker.model.config import ConfigError
+from baton_worker.parallel.tensor_parallel import Partition, check_tensor_parallel
 from random_models import make_model_dir
 from tp_layers import config as small_config
 

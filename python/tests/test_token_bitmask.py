@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from baton_worker.loading import load_worker
-from baton_worker.options import WorkerOptions
+from baton_worker.runtime.loading import load_worker
+from baton_worker.runtime.options import WorkerOptions
 from baton_worker import protocol
 from baton_worker.protocol import AddedRequest, ProtocolError, SamplingParams, Step, StepMask
-from baton_worker.token_bitmask import allowed_on_host, apply_token_bitmask, unpack_bitmask, words_per_row
+from baton_worker.sampling.token_bitmask import allowed_on_host, apply_token_bitmask, unpack_bitmask, words_per_row
 from random_models import make_model_dir
 
 

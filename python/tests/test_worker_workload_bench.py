@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_worker_workload_bench_runs_every_request_to_its_length(tmp_path):
-    from baton_worker.head_screen import int8_products_are_exact
+    from baton_worker.sampling.head_screen import int8_products_are_exact
 
     # kinds: off, bfloat16 and int8 in turn, where int8 products are exact (VNNI); else off and on.
     mode, modes = ("kinds", ["off", "bfloat16", "int8"]) if int8_products_are_exact() else ("both", ["off", "on"])

@@ -23,9 +23,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from baton_worker.config import ModelConfig, RopeConfig  # noqa: E402
-from baton_worker import parallel  # noqa: E402
-from baton_worker.parallel import Partition, TensorParallelGroup  # noqa: E402
+from baton_worker.model.config import ModelConfig, RopeConfig  # noqa: E402
+from baton_worker.parallel import tensor_parallel as parallel  # noqa: E402
+from baton_worker.parallel.tensor_parallel import Partition, TensorParallelGroup  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 16, 4, 2, 4, 24, 37  # vocabulary not a multiple of the ranks
 

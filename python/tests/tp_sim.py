@@ -26,9 +26,9 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from baton_worker.loading import load_worker  # noqa: E402
-from baton_worker.options import WorkerOptions  # noqa: E402
-from baton_worker.parallel import TensorParallelGroup  # noqa: E402
+from baton_worker.runtime.loading import load_worker  # noqa: E402
+from baton_worker.runtime.options import WorkerOptions  # noqa: E402
+from baton_worker.parallel.tensor_parallel import TensorParallelGroup  # noqa: E402
 from baton_worker.protocol import SamplingParams  # noqa: E402
 from engine_sim import EngineSim, SimRequest  # noqa: E402
 

@@ -5,7 +5,7 @@
 // - round trip: the engine core's request to the grammar thread and back;
 // - encode: the StepMask's MessagePack encoding (R packed rows);
 // - apply: the worker unpacking the bits and masking [R, vocab] logits
-//   (python/baton_worker/token_bitmask.py, on the worker's device).
+//   (python/baton_worker/sampling/token_bitmask.py, on the worker's device).
 // Rows decode a JSON schema with nested objects and strings, each step
 // taking a random token the mask allows, so they spend most steps inside
 // strings (the costliest state to mask) and the rest in structure.
@@ -80,7 +80,7 @@ function applyTimes(vocab: number, rowCounts: number[], masks: Int32Array[][], s
     const script = `
 import json, os, time
 import numpy as np, torch
-from baton_worker.token_bitmask import apply_token_bitmask
+from baton_worker.sampling.token_bitmask import apply_token_bitmask
 vocab, steps, device, folder = ${vocab}, ${steps}, ${JSON.stringify(device)}, ${JSON.stringify(dir)}
 out = []
 for i, rows in enumerate(${JSON.stringify(rowCounts)}):

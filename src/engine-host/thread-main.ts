@@ -5,7 +5,7 @@
 // delays a step, and a step never waits for the frontend.
 //
 // The Python worker is spawned from this thread, so its parent-death signal
-// (python/baton_worker/orphan.py) fires when this thread ends, and its
+// (python/baton_worker/runtime/orphan.py) fires when this thread ends, and its
 // parent-pid watch when the process does.
 
 import { parentPort, workerData } from "node:worker_threads";

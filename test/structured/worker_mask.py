@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import torch
 
-from baton_worker.token_bitmask import apply_token_bitmask
+from baton_worker.sampling.token_bitmask import apply_token_bitmask
 
 out = []
 for case in json.load(sys.stdin):

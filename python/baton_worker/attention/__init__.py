@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from ..kv_cache import KVCache
 from .base import AttentionBackend, AttentionMetadata, StepAttention
 from .cpu import CpuBackend
 from .flex import FlexBackend
+from .kv_cache import KVCache
 from .reference import ReferenceBackend, RowSpan, paged_attention
 
-from ..options import ATTENTION_BACKENDS as BACKENDS
+from ..runtime.options import ATTENTION_BACKENDS as BACKENDS
 
 
 def make_backend(name: str, cache: KVCache, num_heads: int, scale: float, windows: list[int | None]) -> AttentionBackend:

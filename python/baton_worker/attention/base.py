@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..kv_cache import KVCache
+from .kv_cache import KVCache
 
 
 @dataclass

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kv_cache import slots_for
 from .base import AttentionBackend, AttentionMetadata
+from .kv_cache import slots_for
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Triton kernels for attention over the paged KV cache.
 
 The cache of a layer is one contiguous tensor [2, kv_heads, slots, head_dim]
-(kv_cache.py); a key's slot is block_table[row, position // block_size] *
+(attention/kv_cache.py); a key's slot is block_table[row, position // block_size] *
 block_size + position % block_size. Every kernel gathers K/V by slot, so any
 block size works and a page shared through the prefix cache needs nothing
 special.

@@ -43,7 +43,7 @@ import numpy as np
 from .. import protocol
 from ..kv_connector import KvConnectorWorker
 from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
-from ..step_runner import StepRunner
+from ..runtime.step_runner import StepRunner
 from ..transfer.shm import ShmArena, ShmFull, ShmReader, ShmRef
 from .authoring import EngineType
 from .node_runner import (

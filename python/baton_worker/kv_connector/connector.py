@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..kv_cache import KVCache
+from ..attention.kv_cache import KVCache
 from ..protocol import KvTransfer
 from .transport import KvTransport, TransferHandle
 

@@ -1,5 +1,6 @@
-"""Graph models that ship with Baton (each a package with its builder), and the
-registry the worker loads them through.
+"""Models that ship with Baton: the demo LLM's builder (demo_llm.py), the graph
+models (each a package with its builder), and the registry the worker loads
+graph models through.
 
 A model directory whose config.json `architectures[0]` is a key of
 GRAPH_ARCHITECTURES is served as that graph model: the worker constructs the

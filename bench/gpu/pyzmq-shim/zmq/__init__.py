@@ -1,6 +1,6 @@
 """A stand-in for pyzmq on a machine that has no pyzmq and cannot install it
 (the lent GPU machine), for bench/gpu/serve.sh only: the part of pyzmq's API
-that the model worker uses (python/baton_worker/server.py: Context, PUSH and
+that the model worker uses (python/baton_worker/runtime/server.py: Context, PUSH and
 PULL sockets, LINGER, connect, send, recv, close, term), in ctypes over the
 libzmq that pyzmq's own manylinux wheel vendors. bench/gpu/pack.sh puts that
 libzmq (and its libsodium) beside this file in .libs/ when no pyzmq wheel for

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from safetensors.torch import save
 
-from ...random_weights import build_cli, write_if_changed
+from ...model.random_weights import build_cli, write_if_changed
 from .networks import random_weights
 from .spec import DemoImageSpec
 

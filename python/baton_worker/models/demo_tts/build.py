@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from ...random_weights import build_cli, DecoderShape, random_decoder_weights, write_if_changed
+from ...model.random_weights import build_cli, DecoderShape, random_decoder_weights, write_if_changed
 from .codec import random_codec_weights
 from .spec import DemoTTSSpec
 from .text import tokenizer_config, tokenizer_json

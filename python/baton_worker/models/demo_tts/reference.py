@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from ...sampler import SAMPLING_EPS, inverse_cdf, seeded_uniform
+from ...sampling.sampler import SAMPLING_EPS, inverse_cdf, seeded_uniform
 from .audio import pcm_to_s16le
 from .spec import DemoTTSSpec
 from .streaming import CodecStream, load_codec_stream, sliding_window_chunks

@@ -21,10 +21,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ...config import ConfigError
 from ...graph.authoring import EMIT_TO_CLIENT, EMPTY_DESTINATION, EngineType, GraphEdge, GraphNode, GraphSection, Loop
 from ...graph.model import DEFAULT_PARTITION, GraphModel, KvDecoderLayout, PartitionTransitions, WalkInput, WalkStep
-from ...loader import WeightReader, weight_files
+from ...model.config import ConfigError
+from ...model.weights import WeightReader, weight_files
 from .preprocess import ImageProcessing, MediaError
 from .vision import IMAGE_EMBEDS, PIXEL_VALUES, LlavaVision
 

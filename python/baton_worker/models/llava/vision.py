@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...graph.node_runner import NodeSubmodule, PassInfo
-from ...loader import WeightReader
+from ...model.weights import WeightReader
 
 PIXEL_VALUES = "pixel_values"
 IMAGE_EMBEDS = "image_embeds"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention import AttentionMetadata
+from ..attention import AttentionMetadata
 
 
 @dataclass

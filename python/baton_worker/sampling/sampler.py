@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .protocol import SamplingParams
-from .request_state import RequestState
+from ..protocol import SamplingParams
+from ..runtime.request_state import RequestState
 from .token_bitmask import apply_token_bitmask
 
 # Below this temperature a request is treated as greedy (vLLM's _SAMPLING_EPS).

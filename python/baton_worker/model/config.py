@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .models import GRAPH_ARCHITECTURES  # directories the worker loads as graph models instead (loading.py)
+from ..models import GRAPH_ARCHITECTURES  # directories the worker loads as graph models instead (loading.py)
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import StepAttention
+from ..attention import StepAttention
+from ..parallel.tensor_parallel import Partition, TensorParallelGroup
+from ..sampling.head_screen import HeadScreen, native_screen_kind
 from .config import ModelConfig
-from .head_screen import HeadScreen, native_screen_kind
-from .loader import WeightReader
-from .parallel import Partition, TensorParallelGroup
 from .layer_ops import TorchOps, TritonOps
 from .rope import Rotary
+from .weights import WeightReader
 
 
 @dataclass

@@ -27,15 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention import AttentionBackend
+from ..attention import AttentionBackend
+from ..model.decoder import DecoderModel
+from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
+from ..sampling.head_screen import SPLIT_ROWS, screens
+from ..sampling.sampler import PendingSample, SampleOutput, Sampler, TokenMask, is_greedy, penalizes
+from ..sampling.token_bitmask import words_per_row
 from .cpu_threads import CpuThreads
-from .model import DecoderModel
 from .persistent_batch import PersistentBatch, StepInputs
-from .protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from .request_state import RequestState
-from .head_screen import SPLIT_ROWS, screens
-from .sampler import PendingSample, SampleOutput, Sampler, TokenMask, is_greedy, penalizes
-from .token_bitmask import words_per_row
 
 _ROW_FIELDS = ("num_new_tokens", "num_computed", "new_block_counts", "sample")
 

@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from . import protocol
-from .config import ConfigError
+from .. import protocol
+from ..model.config import ConfigError
+from ..parallel.rank_group import RankGroup, RayRankGroup
+from ..parallel.tensor_parallel import GROUP_TIMEOUT, TensorParallelGroup, rank_threads
 from .loading import check_tensor_parallel_model, load_worker, resolve_device
 from .options import OptionsError, WorkerOptions, out_endpoint_from, parse_options
 from .orphan import protect_against_orphaning
-from .parallel import GROUP_TIMEOUT, TensorParallelGroup, rank_threads
-from .rank_group import RankGroup, RayRankGroup
 
 LINGER_MS = 1000
 # How often a worker with a launched step looks for the next message and for its tokens.

@@ -22,7 +22,7 @@ shared-memory arena through which tensors go to workers of other ranks
 --tensor-parallel-size N (default 1) makes this process rank 0 of N: it
 spawns ranks 1..N-1 with the same command line plus --tp-rank K and
 --tp-store HOST:PORT (the TCPStore rank 0 hosts, where the ranks meet);
-those two are internal to the rank group (parallel.py, server.py).
+those two are internal to the rank group (parallel/, server.py).
 --distributed-executor-backend picks how those ranks start: mp (default)
 as child processes of rank 0, ray as Ray actors in a placement group
 (rank_group.py).

@@ -32,25 +32,25 @@ from pathlib import Path
 
 import torch
 
-from .attention import make_backend
-from .config import ConfigError, ModelConfig, load_model_config, read_json
-from .graph.authoring import EngineType
-from .graph.export import export_graph
-from .graph.llm import LLM_NODE, NODE_ENGINES, LLMGraphModel
-from .graph.model import GraphModel, KvDecoderLayout
-from .graph.node_runner import NodeRunner, TensorStore
-from .graph.worker_runner import GraphStepRunner
-from .kv_cache import KVCache, bytes_per_block
-from .kv_connector import KvConnectorWorker, TorchDistributedTransport
-from .loader import RandomWeightReader, WeightReader, stderr_progress
-from .model import DecoderModel
-from .models import graph_model_class
+from ..attention import make_backend
+from ..attention.kv_cache import KVCache, bytes_per_block
+from ..graph.authoring import EngineType
+from ..graph.export import export_graph
+from ..graph.llm import LLM_NODE, NODE_ENGINES, LLMGraphModel
+from ..graph.model import GraphModel, KvDecoderLayout
+from ..graph.node_runner import NodeRunner, TensorStore
+from ..graph.worker_runner import GraphStepRunner
+from ..kv_connector import KvConnectorWorker, TorchDistributedTransport
+from ..model.config import ConfigError, ModelConfig, load_model_config, read_json
+from ..model.decoder import DecoderModel
+from ..model.weights import RandomWeightReader, WeightReader, stderr_progress
+from ..models import graph_model_class
+from ..parallel.tensor_parallel import Partition, TensorParallelGroup, check_tensor_parallel
+from ..protocol import PROTOCOL_VERSION, Ready
+from ..sampling.sampler import Sampler
+from ..transfer.shm import ShmArena
 from .options import WorkerOptions
-from .parallel import Partition, TensorParallelGroup, check_tensor_parallel
-from .protocol import PROTOCOL_VERSION, Ready
-from .sampler import Sampler
 from .step_runner import StepRunner
-from .transfer.shm import ShmArena
 
 CPU_KV_BYTES = 1 << 30
 GPU_KV_FRACTION = 0.9

@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .request_state import RequestState
+from ..runtime.request_state import RequestState
 from .sampler import edits_logits, is_greedy
 
 # Rows screened at once: their [rows, vocab] float32 logits stay under glibc's

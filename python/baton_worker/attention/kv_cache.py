@@ -18,7 +18,7 @@ import mmap
 
 import torch
 
-from .config import ModelConfig
+from ..model.config import ModelConfig
 
 
 def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -28,7 +28,7 @@ import time
 
 import torch.distributed as dist
 
-from .parallel import GROUP_TIMEOUT
+from .tensor_parallel import GROUP_TIMEOUT
 
 # After Shutdown, how long ranks above 0 get to leave before they are killed.
 STOP_GRACE_S = 5.0
@@ -193,8 +193,8 @@ class RankActor:
         return ray.get_runtime_context().get_node_id()
 
     def serve(self, argv: list[str]) -> int:
-        from .options import parse_options
-        from .server import serve_rank, set_cpu_threads
+        from ..runtime.options import parse_options
+        from ..runtime.server import serve_rank, set_cpu_threads
 
         opts = parse_options(argv)
         set_cpu_threads(opts)

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention.triton_attention import TritonBackend, TritonPlan
-from .model import DecoderModel
+from ..attention.triton_attention import TritonBackend, TritonPlan
+from ..model.decoder import DecoderModel
 from .persistent_batch import StepInputs
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .config import ConfigError, ModelConfig
+from ..model.config import ConfigError, ModelConfig
 
 # How long a collective of the forward pass (or joining the group) may wait
 # for a peer. A rank that hangs is caught sooner by the engine's step timeout,

@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .protocol import SamplingParams
+from ..protocol import SamplingParams
 
 if TYPE_CHECKING:
-    from .sampler import PenaltyBooks
+    from ..sampling.sampler import PenaltyBooks
 
 
 @dataclass
