@@ -53,6 +53,40 @@ def write_kv_kernel(
 
 
 @triton.jit
+def _attend(
+    q, q_pos, k_base, v_base, table, lo, hi, window, scale_log2, d, d_ok,
+    ROWS: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Online softmax of the query rows q [ROWS, D_PAD] (at positions q_pos) over
+    the keys at positions [lo, hi) of one KV head, in tiles of TILE_N keys found
+    through the row's page table; a key counts for a row when it is at or before
+    the row's position and inside its window. Returns the running maximum, sum
+    and unnormalised output (base 2)."""
+    m_i = tl.full([ROWS], _NEG, tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D_PAD], tl.float32)
+    for n0 in range(lo, hi, TILE_N):
+        pos = n0 + tl.arange(0, TILE_N)
+        valid = pos < hi
+        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        slot = block * BLOCK_SIZE + pos % BLOCK_SIZE
+        kv_mask = valid[:, None] & d_ok
+        k = tl.load(k_base + slot[:, None] * D + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        seen = valid[None, :] & (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + slot[:, None] * D + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def decode_kernel(
     q_ptr, cache_ptr, table_ptr, seq_lens_ptr, q_index_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     scale_log2, window,
@@ -77,28 +111,10 @@ def decode_kernel(
     t = tl.load(q_index_ptr + r).to(tl.int64)
     q = tl.load(q_ptr + t * stride_qt + head[:, None] * stride_qh + d[None, :], mask=(g[:, None] < GROUP) & d_ok, other=0.0)
 
-    m_i = tl.full([GROUP_PAD], _NEG, tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
+    q_pos = tl.zeros([GROUP_PAD], tl.int32) + (seq_len - 1)
     k_base = cache_ptr + kvh * cache_head_stride
-    v_base = k_base + cache_kv_stride
-    table = table_ptr + r * stride_table
-    for n0 in range(start, end, TILE_N):
-        pos = n0 + tl.arange(0, TILE_N)
-        valid = pos < end
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        slot = block * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_mask = valid[:, None] & d_ok
-        k = tl.load(k_base + slot[:, None] * D + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slot[:, None] * D + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend(q, q_pos, k_base, k_base + cache_kv_stride, table_ptr + r * stride_table, start, end, window, scale_log2,
+                            d, d_ok, GROUP_PAD, D, D_PAD, BLOCK_SIZE, TILE_N, PRECISION)
 
     g_ok = g < GROUP
     if SPLITS == 1:
@@ -163,29 +179,9 @@ def extend_kernel(
 
     lo = tl.maximum(context + t0 - window + 1, 0)
     hi = tl.minimum(context + t0 + TOKENS, seq_len)
-    m_i = tl.full([M], _NEG, tl.float32)
-    l_i = tl.zeros([M], tl.float32)
-    acc = tl.zeros([M, D_PAD], tl.float32)
     k_base = cache_ptr + kvh * cache_head_stride
-    v_base = k_base + cache_kv_stride
-    table = table_ptr + r * stride_table
-    for n0 in range(lo, hi, TILE_N):
-        pos = n0 + tl.arange(0, TILE_N)
-        valid = pos < hi
-        block = tl.load(table + pos // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-        slot = block * BLOCK_SIZE + pos % BLOCK_SIZE
-        kv_mask = valid[:, None] & d_ok
-        k = tl.load(k_base + slot[:, None] * D + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
-        seen = valid[None, :] & (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + slot[:, None] * D + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend(q, q_pos, k_base, k_base + cache_kv_stride, table_ptr + r * stride_table, lo, hi, window, scale_log2,
+                            d, d_ok, M, D, D_PAD, BLOCK_SIZE, TILE_N, PRECISION)
 
     out = acc / tl.where(row_ok, l_i, 1.0)[:, None]
     tl.store(out_ptr + q_row[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
