@@ -145,7 +145,7 @@ function parseDefaults(raw, fieldsByName) {
 
 /**
  * Parses and validates a schema document. Returns the codec's tables (the
- * WireTables of src/transport/schema.ts: field types parsed, in wire order),
+ * WireTables of src/transport/wire-tables.ts: field types parsed, in wire order),
  * plus the defaults and semantics notes the generated files carry.
  */
 export function parseSchemaDocument(doc) {
@@ -232,7 +232,7 @@ export function generateTypeScript({ tables, semantics }) {
     "// Change the schema and run `node scripts/gen-protocol.mjs` (npm run build does);",
     "// test/transport/generated.test.ts fails while this file is stale.",
     "",
-    'import type { WireTables } from "./schema.js";',
+    'import type { WireTables } from "./wire-tables.js";',
     "",
     'export { ProtocolError } from "./protocol-error.js";',
     "",

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
-// Runs every test: the TypeScript suites (node:test, against the compiled
-// dist/test tree) and the Python worker's pytest suite, then prints one
+// Runs every test: the layer check of src/ (scripts/check-layers.mjs), the
+// TypeScript suites (node:test, against the compiled dist/test tree) and the
+// Python worker's pytest suite, then prints the slowest twenty tests and one
 // closing line "N passed, M failed". Exits non-zero if anything failed.
 //
 //   node scripts/test.mjs [filter...]   only test files whose path contains a filter
@@ -44,7 +45,7 @@ function buildTypeScript() {
 
 function runNodeTests() {
   const files = listTests(join(root, "dist", "test")).filter((f) => selected(relative(root, f)));
-  if (files.length === 0) return { passed: 0, failed: 0 };
+  if (files.length === 0) return { passed: 0, failed: 0, durations: [] };
   const tap = join(tmpdir(), `baton-node-tests-${process.pid}.tap`);
   const result = spawnSync(
     process.execPath,
@@ -65,13 +66,42 @@ function runNodeTests() {
   const passed = count("pass");
   let failed = count("fail") + count("cancelled");
   if (result.status !== 0 && failed === 0) failed = 1;
-  return { passed, failed };
+  return { passed, failed, durations: tapDurations(text) };
+}
+
+/** [name, seconds] of every test (not suite) in node's TAP output. */
+function tapDurations(text) {
+  const lines = text.split("\n");
+  const out = [];
+  for (let i = 0; i < lines.length; i++) {
+    const head = lines[i].match(/^\s*(?:not )?ok \d+ - (.*)$/);
+    if (!head) continue;
+    let ms = null;
+    let suite = false;
+    for (let j = i + 1; j < Math.min(i + 8, lines.length) && !/^\s*\.\.\.$/.test(lines[j]); j++) {
+      const d = lines[j].match(/duration_ms: ([\d.]+)/);
+      if (d) ms = Number(d[1]);
+      if (/type: 'suite'/.test(lines[j])) suite = true;
+    }
+    // A file's own entry (its path) sums its tests: only tests are listed.
+    if (ms !== null && !suite && !head[1].endsWith(".test.js")) out.push([head[1], ms / 1000]);
+  }
+  return out;
+}
+
+/** [test id, seconds] from pytest's --durations report (setup, call and teardown summed). */
+function pytestDurations(text) {
+  const total = new Map();
+  for (const m of text.matchAll(/^([\d.]+)s (?:call|setup|teardown)\s+(\S+)$/gm)) {
+    total.set(m[2], (total.get(m[2]) ?? 0) + Number(m[1]));
+  }
+  return [...total];
 }
 
 function runPythonTests() {
-  const args = ["-m", "pytest", join(root, "python", "tests"), "-q", "-p", "no:cacheprovider"];
+  const args = ["-m", "pytest", join(root, "python", "tests"), "-q", "-p", "no:cacheprovider", "--durations=40", "--durations-min=1"];
   if (filters.length > 0) {
-    if (!filters.some((f) => f.startsWith("python"))) return { passed: 0, failed: 0 };
+    if (!filters.some((f) => f.startsWith("python"))) return { passed: 0, failed: 0, durations: [] };
   }
   const result = spawnSync(python, args, {
     cwd: root,
@@ -84,12 +114,20 @@ function runPythonTests() {
   const passed = Number(out.match(/(\d+) passed/)?.[1] ?? 0);
   let failed = Number(out.match(/(\d+) failed/)?.[1] ?? 0) + Number(out.match(/(\d+) error/)?.[1] ?? 0);
   if (result.status !== 0 && result.status !== 5 && failed === 0) failed = 1;
-  return { passed, failed };
+  return { passed, failed, durations: pytestDurations(out) };
 }
 
+// The layers of src/ first: a back-arrow or an import cycle fails the run at once.
+const layers = spawnSync(process.execPath, [join(root, "scripts", "check-layers.mjs")], { cwd: root, stdio: "inherit" });
+if (layers.status !== 0) process.exit(1);
 buildTypeScript();
 const node = runNodeTests();
 const py = runPythonTests();
+const slowest = [...node.durations, ...py.durations].sort((a, b) => b[1] - a[1]).slice(0, 20);
+if (slowest.length > 0) {
+  console.log("\nSlowest tests:");
+  for (const [name, seconds] of slowest) console.log(`${seconds.toFixed(1).padStart(7)} s  ${name}`);
+}
 const passed = node.passed + py.passed;
 const failed = node.failed + py.failed;
 console.log(`\nTypeScript: ${node.passed} passed, ${node.failed} failed; Python: ${py.passed} passed, ${py.failed} failed`);

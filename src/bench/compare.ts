@@ -15,7 +15,7 @@ import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { join, resolve } from "node:path";
 import { resolvePythonEnv } from "../worker/python-env.js";
-import { median } from "./metrics.js";
+import { median } from "../observability/statistics.js";
 import { COMPARE_METRICS, compareTable, resultJson, resultTable, dateStamp, type CompareRow, type ResultJson } from "./report.js";
 import { BenchError, runServeBench, type ServeBenchOptions } from "./serve-bench.js";
 import { freePort, ServerProcess, ServerStartError, type ServerSpec } from "./server-process.js";

@@ -7,6 +7,7 @@
 // linearly (numpy's defaults).
 
 import type { RequestOutcome } from "./openai-stream.js";
+import { mean, percentile } from "../observability/statistics.js";
 
 export const LATENCY_METRICS = ["ttft", "tpot", "itl", "e2el"] as const;
 export type LatencyMetric = (typeof LATENCY_METRICS)[number];
@@ -50,29 +51,6 @@ export interface BenchMetrics {
   generatedTexts: string[];
   /** Output tokens/s and requests in flight over time, for the chart. */
   timeline: ThroughputPoint[];
-}
-
-export function mean(values: readonly number[]): number {
-  if (values.length === 0) return 0;
-  let sum = 0;
-  for (const v of values) sum += v;
-  return sum / values.length;
-}
-
-/** The median of values in any order (0 for none, as percentile). */
-export function median(values: readonly number[]): number {
-  return percentile([...values].sort((a, b) => a - b), 50);
-}
-
-/** numpy.percentile's default (linear interpolation between closest ranks); p in [0, 100]. */
-export function percentile(sorted: readonly number[], p: number): number {
-  if (sorted.length === 0) return 0;
-  const rank = (p / 100) * (sorted.length - 1);
-  const lo = Math.floor(rank);
-  const hi = Math.ceil(rank);
-  const a = sorted[lo] as number;
-  const b = sorted[hi] as number;
-  return a + (b - a) * (rank - lo);
 }
 
 export function latencyStats(values: readonly number[], percentiles: readonly number[]): LatencyStats {

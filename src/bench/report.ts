@@ -2,7 +2,8 @@
 // result JSON (same key names, so tools that read vLLM's files read ours).
 
 import { basename } from "node:path";
-import { LATENCY_METRICS, median, type BenchMetrics, type LatencyMetric } from "./metrics.js";
+import { LATENCY_METRICS, type BenchMetrics, type LatencyMetric } from "./metrics.js";
+import { median } from "../observability/statistics.js";
 
 export interface RunInfo {
   baseUrl: string;

@@ -14,7 +14,8 @@ import { join } from "node:path";
 import { performance } from "node:perf_hooks";
 import { StreamClient, type RequestOutcome } from "./openai-stream.js";
 import { freePort, ServerProcess } from "./server-process.js";
-import { mean, outputTokensOf, percentile } from "./metrics.js";
+import { outputTokensOf } from "./metrics.js";
+import { mean, percentile } from "../observability/statistics.js";
 import type { RouterPolicy } from "../router/router.js";
 
 export interface RouterBenchOptions {

@@ -25,7 +25,7 @@ import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
 import { TextTokenizer } from "../text/tokenizer.js";
 import { GrammarService } from "../structured/grammar-service.js";
 import { WorkerStartError } from "../worker/types.js";
-import type { WorkerHealthEvent } from "../engine-host/types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 import type { ServeOptions } from "./args.js";
 import { createLogger, type Logger } from "../observability/logger.js";
 import { BatonMetrics } from "../observability/metrics.js";

@@ -9,7 +9,7 @@
 // has a worker down; a replica that gave up stays down for good, and the
 // server stops when all have.
 
-import type { WorkerHealthEvent } from "../engine-host/types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 
 export interface HealthState {
   unavailable: string | null;

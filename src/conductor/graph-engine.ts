@@ -18,9 +18,10 @@
 
 import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor, StopConditions, TokenCallback } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestOutput, StopConditions, TokenCallback } from "../engine/types.js";
+import type { StepExecutor } from "../worker/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
-import type { StepMasks } from "../structured/step-masks.js";
+import type { StepMasks } from "../engine/step-masks.js";
 import type { NamedValues, PassBatch, PassResult, PromptResult, ReadyMessage, SamplingParams, StepResultMessage, WireValue } from "../transport/messages.js";
 import { Conductor, type ClientOutputMeta, type KvStart, type ReadyBatch } from "./conductor.js";
 import type { Value, Values } from "./values.js";

@@ -17,7 +17,7 @@
 // (tensor releases, ended requests) and fails the graph work still waiting;
 // after a restart it sends to the new worker (replaceClient).
 
-import type { StepExecutor } from "../engine/types.js";
+import type { StepExecutor } from "../worker/types.js";
 import type { KvTransfer, PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 import type { WorkerClient } from "../worker/types.js";
 

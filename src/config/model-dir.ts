@@ -5,7 +5,6 @@
 
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { basename, join, resolve } from "node:path";
-import type { VisionPrompt } from "../frontend/media.js";
 
 /** A model directory that cannot be used; the message names the directory or file. */
 export class ModelDirError extends Error {
@@ -13,6 +12,15 @@ export class ModelDirError extends Error {
     super(message);
     this.name = "ModelDirError";
   }
+}
+
+/** What the served model needs to place images in a prompt. */
+export interface VisionPrompt {
+  /** The placeholder text an image part becomes before tokenization. */
+  imageToken: string;
+  imageTokenId: number;
+  /** Tokens each image expands to (transformers' LlavaProcessor count). */
+  tokensPerImage: number;
 }
 
 export interface ModelDirInfo {

@@ -13,20 +13,15 @@
 // over replicas; /metrics reads each replica's own (`replicas`) and labels
 // them engine="i".
 
-import { EngineStartError, type ServingEngine, type ServingEngineOptions, type WorkerHealthEvent } from "./types.js";
+import { EngineStartError, type DataParallelOptions, type ServingEngine, type ServingEngineOptions } from "./types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 import { EMPTY_STATS, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback } from "../engine/types.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
-import { ROUTE_REASONS, createRouter, type ReplicaRouter, type RouteReason, type RouterOptions, type RouterPolicy } from "../router/router.js";
-
-export interface DataParallelOptions {
-  /** Replicas (engine cores, each with its own worker); at least 2. */
-  size: number;
-  router: RouterOptions;
-}
+import { ROUTE_REASONS, createRouter, type ReplicaRouter, type RouteReason, type RouterPolicy } from "../router/router.js";
 
 /** Starts one replica (the placement start.ts chooses). */
 export type ReplicaStarter = (options: ServingEngineOptions) => Promise<ServingEngine>;

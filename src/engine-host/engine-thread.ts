@@ -25,7 +25,8 @@ import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import { WorkerStartError } from "../worker/types.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, StepRecord } from "./messages.js";
-import { EngineStartError, type ServingEngine, type ServingEngineOptions, type WorkerHealthEvent } from "./types.js";
+import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 
 export interface EngineThreadOptions extends ServingEngineOptions {
   /** Benchmarks: the engine thread times every step and reports it through onStepRecords. */

@@ -16,7 +16,7 @@ import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import { arenaShare } from "../worker/shm-segments.js";
 import { WorkerSupervisor, type RestartPolicy, type WorkerEvent } from "../worker/supervisor.js";
 import type { WorkerClient, WorkerOptions } from "../worker/types.js";
-import type { WorkerHealthEvent } from "./types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 
 export interface GraphWorkers {
   graph: CompiledGraph;

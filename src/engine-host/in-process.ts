@@ -6,14 +6,16 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { GraphEngine, type GraphEventCallback, type GraphRequest, type NodeStats, type NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig, EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
-import { stepMasks } from "../structured/engine-link.js";
-import type { EngineRequest, OutputCallback, StepExecutor } from "../engine/types.js";
+import { stepMasks } from "../engine/step-masks.js";
+import type { EngineRequest, OutputCallback } from "../engine/types.js";
+import type { StepExecutor } from "../worker/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerSupervisor } from "../worker/supervisor.js";
 import type { WorkerClient } from "../worker/types.js";
 import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
-import { EngineStartError, type ServingEngine, type ServingEngineOptions, type WorkerHealthEvent } from "./types.js";
+import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 
 export class InProcessEngine implements ServingEngine {
   private closing: Promise<void> | null = null;

@@ -10,7 +10,8 @@
 import type { GraphEvent, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { Deployment } from "../config/deployment.js";
 import type { EngineStats, EngineConfig } from "../engine/engine-core.js";
-import type { EngineSettings, WorkerHealthEvent } from "./types.js";
+import type { EngineSettings } from "./types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 import type { RestartPolicy } from "../worker/supervisor.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, RequestOutput } from "../engine/types.js";

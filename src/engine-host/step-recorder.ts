@@ -3,7 +3,7 @@
 // worker link, because the codec's timings (transport/channel.ts) are per
 // thread.
 
-import type { StepExecutor } from "../engine/types.js";
+import type { StepExecutor } from "../worker/types.js";
 import { codecTimings } from "../transport/channel.js";
 import type { StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 import type { StepRecord } from "./messages.js";

@@ -19,7 +19,7 @@ import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } fr
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitGraphMessage, SubmitMessage } from "./messages.js";
 import { engineConfigOf, stopEngine } from "./in-process.js";
 import { StepRecorder } from "./step-recorder.js";
-import { stepMasks } from "../structured/engine-link.js";
+import { stepMasks } from "../engine/step-masks.js";
 
 const port = parentPort;
 if (port === null) throw new Error("engine-host/thread-main.js runs only as a worker thread");

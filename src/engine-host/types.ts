@@ -2,7 +2,7 @@
 // whichever thread the engine core runs on (start.ts chooses).
 
 import type { Deployment } from "../config/deployment.js";
-import type { DataParallelOptions } from "./data-parallel.js";
+import type { RouterOptions } from "../router/router.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig } from "../engine/engine-core.js";
 import type { EngineHandle } from "../engine/types.js";
@@ -11,7 +11,7 @@ import type { EngineStatsSource } from "../observability/metrics.js";
 import type { GrammarService } from "../structured/grammar-service.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { RestartPolicy } from "../worker/supervisor.js";
-import type { WorkerExit, WorkerOptions } from "../worker/types.js";
+import type { WorkerHealthEvent, WorkerOptions } from "../worker/types.js";
 
 /** Engine settings the user chooses; block size, block count and max model length come from the worker's Ready. */
 export type EngineSettings = Omit<EngineConfig, "maxModelLen" | "blockSize" | "numBlocks">;
@@ -41,6 +41,12 @@ export interface ServingEngine extends EngineHandle, EngineStatsSource {
   close(): Promise<void>;
 }
 
+export interface DataParallelOptions {
+  /** Replicas (engine cores, each with its own worker); at least 2. */
+  size: number;
+  router: RouterOptions;
+}
+
 export interface ServingEngineOptions {
   worker: WorkerOptions;
   engine: EngineSettings;
@@ -57,19 +63,6 @@ export interface ServingEngineOptions {
   /** --data-parallel-size > 1: that many replicas behind a router (data-parallel.ts); absent: one engine. */
   dataParallel?: DataParallelOptions | null;
 }
-
-/** What happened to a model worker after start-up. */
-export type WorkerHealthEvent = (
-  /** It died (or a restart attempt failed); the next attempt starts in restartInMs. */
-  | { kind: "down"; rank: number; exit: WorkerExit; restartInMs: number }
-  /** A restarted worker is Ready and serving. */
-  | { kind: "up"; rank: number; pid: number; restarts: number }
-  /** It died once too often (--max-worker-restarts): its engine cannot serve any more. */
-  | { kind: "gave-up"; rank: number; exit: WorkerExit; message: string }
-) & {
-  /** With --data-parallel-size > 1: the replica (engine core) whose worker it is. */
-  replica?: number;
-};
 
 /** The engine could start its worker but not itself (e.g. a configuration the worker's Ready contradicts). */
 export class EngineStartError extends Error {

@@ -66,7 +66,7 @@
 // grammar-constrained rows are marked in the Step, and their masks go to the
 // worker in a StepMask once every earlier step's result is processed (right
 // after the previous step's tokens are applied, so the mask is made while
-// the worker runs the step's forward pass). structured/step-masks.ts explains
+// the worker runs the step's forward pass). engine/step-masks.ts explains
 // why; a request whose mask cannot be made ends with "error" after the step.
 //
 // KV connector (prefill/decode disaggregation, src/kv-connector): on the
@@ -86,9 +86,10 @@ import { Scheduler, type KvLoad, type SchedulerOutput } from "./scheduler.js";
 import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
-import type { MaskPlan, StepMasks } from "../structured/step-masks.js";
+import type { MaskPlan, StepMasks } from "./step-masks.js";
 import { NO_WIRE_ID } from "./request.js";
-import { ExecutorLostError, type EngineRequest, type OutputCallback, type RequestOutput, type RequestTiming, type SchedulerConfig, type StepExecutor, type TokenCallback, type TokenLogprob } from "./types.js";
+import { type EngineRequest, type OutputCallback, type RequestOutput, type RequestTiming, type SchedulerConfig, type TokenCallback, type TokenLogprob } from "./types.js";
+import { ExecutorLostError, type StepExecutor } from "../worker/types.js";
 
 export interface EngineConfig extends SchedulerConfig {
   /** Overlap scheduling: build and send step N+1 while the worker runs N (default on). */
@@ -159,7 +160,7 @@ export interface EngineCoreOptions {
    * client outputs and one look for ready work, not one per request.
    */
   deliverStepOutputs?: (emitAll: () => void) => void;
-  /** Grammar masks for structured output (structured/step-masks.ts); absent or null: requests with a grammar are refused. */
+  /** Grammar masks for structured output (engine/step-masks.ts); absent or null: requests with a grammar are refused. */
   masks?: StepMasks | null;
   /** KV connector, consumer side: who sends the blocks this engine's requests load. */
   kvLoads?: KvLoadListener;

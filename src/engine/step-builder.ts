@@ -54,7 +54,7 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     batches: [],
     releases: NO_IDS,
     finished_requests: [],
-    // Grammar-constrained rows are marked by the engine core after building (structured/step-masks.ts).
+    // Grammar-constrained rows are marked by the engine core after building (engine/step-masks.ts).
     mask_rows: NO_IDS,
     // KV connector: the sends of a prefill worker are attached by its lane; loads are this engine's own.
     kv_sends: [],

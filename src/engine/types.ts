@@ -149,25 +149,6 @@ export interface EngineHandle {
   abort(requestId: string, reason?: "stop"): void;
 }
 
-/**
- * executeStep() rejected because the worker behind the executor is gone (it
- * died, was killed, or is being stopped), not because of the step itself.
- */
-export class ExecutorLostError extends Error {
-  constructor(message: string) {
-    super(message);
-    this.name = "ExecutorLostError";
-  }
-}
-
-/** What the engine core needs from a model worker: one step at a time, in order. */
-export interface StepExecutor {
-  readonly ready: ReadyMessage;
-  executeStep(step: StepMessage): Promise<StepResultMessage>;
-  /** The grammar masks of a step sent with mask_rows (the worker waits for them before sampling). */
-  sendStepMask?(mask: StepMaskMessage): void;
-}
-
 export interface SchedulerConfig {
   maxNumSeqs: number;
   maxNumBatchedTokens: number;

@@ -5,12 +5,19 @@ import type { ChatTemplate } from "../text/chat-template.js";
 import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
-import type { GrammarCompiling } from "./structured-output.js";
+import type { GrammarSpec } from "../structured/grammar-spec.js";
 import type { EngineHandle } from "../engine/types.js";
 import type { GenerationRegistry } from "./generation.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
-import type { MediaOptions, VisionPrompt } from "./media.js";
+import type { VisionPrompt } from "../config/model-dir.js";
+import type { MediaOptions } from "./media.js";
+
+/** What the frontend needs of the grammar engine (GrammarService). */
+export interface GrammarCompiling {
+  /** null when `spec` compiled, else why it cannot be. */
+  compile(spec: GrammarSpec): Promise<string | null>;
+}
 
 export interface FrontendContext {
   engine: EngineHandle;

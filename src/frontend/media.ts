@@ -9,6 +9,7 @@ import { readFile, realpath, stat } from "node:fs/promises";
 import { sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { MediaSpan, PromptMedia } from "../engine/types.js";
+import type { VisionPrompt } from "../config/model-dir.js";
 import type { ImagePart } from "../text/chat-template.js";
 import { ApiError, badRequest } from "./openai-error.js";
 
@@ -25,15 +26,6 @@ export interface MediaOptions {
 export const DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024;
 
 export const NO_MEDIA_ALLOWED: MediaOptions = { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: DEFAULT_MAX_IMAGE_BYTES };
-
-/** What the served model needs to place images in a prompt. */
-export interface VisionPrompt {
-  /** The placeholder text an image part becomes before tokenization. */
-  imageToken: string;
-  imageTokenId: number;
-  /** Tokens each image expands to (transformers' LlavaProcessor count). */
-  tokensPerImage: number;
-}
 
 const IMAGE_TYPES = ["image/png", "image/jpeg", "image/jpg", "image/webp"];
 const FETCH_TIMEOUT_MS = 10_000;

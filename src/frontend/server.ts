@@ -5,7 +5,7 @@ import Fastify, { type FastifyError, type FastifyInstance } from "fastify";
 import type { ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import type { ChatTemplate } from "../text/chat-template.js";
 import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
-import type { GrammarCompiling } from "./structured-output.js";
+import type { GrammarCompiling } from "./context.js";
 import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
@@ -26,7 +26,8 @@ import multipart from "@fastify/multipart";
 import { registerDashboard } from "./dashboard/routes.js";
 import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
-import { NO_MEDIA_ALLOWED, type MediaOptions, type VisionPrompt } from "./media.js";
+import type { VisionPrompt } from "../config/model-dir.js";
+import { NO_MEDIA_ALLOWED, type MediaOptions } from "./media.js";
 
 export interface ServerOptions {
   engine: EngineHandle;

@@ -14,12 +14,6 @@ import type { RequestedGrammar } from "./structured-request.js";
 import type { ChoiceSpec } from "./run-generation.js";
 import type { ToolChoice } from "./tool-request.js";
 
-/** What the frontend needs of the grammar engine (GrammarService). */
-export interface GrammarCompiling {
-  /** null when `spec` compiled, else why it cannot be. */
-  compile(spec: GrammarSpec): Promise<string | null>;
-}
-
 /**
  * Compiles the request's grammar: 400 when it cannot be compiled (or cannot
  * work with the request's other parameters), 503 when the grammar engine is

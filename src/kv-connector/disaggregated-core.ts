@@ -31,7 +31,8 @@
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineCoreOptions, type EngineStats, type KvLoadListener } from "../engine/engine-core.js";
 import type { KvLoad } from "../engine/scheduler.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput, StepExecutor } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
+import type { StepExecutor } from "../worker/types.js";
 import type { KvTransfer } from "../transport/messages.js";
 
 /** Where the prefill worker's KV sends go: its lane, which carries them in its next step. */

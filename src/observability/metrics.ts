@@ -18,7 +18,7 @@ import type { EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import { LiveRequestStats } from "./live-stats.js";
 import type { RequestTiming } from "../engine/types.js";
-import type { WorkerHealthEvent } from "../engine-host/types.js";
+import type { WorkerHealthEvent } from "../worker/types.js";
 
 /** What the metrics read from the engine at scrape time (EngineCore satisfies it). */
 export interface EngineStatsSource {

@@ -14,7 +14,8 @@
 import { Packr } from "msgpackr";
 import { endianness } from "node:os";
 import { ProtocolError, type WireMessage, type EngineToWorkerMessage, type WorkerToEngineMessage } from "./messages.js";
-import { loadSchema, type Schema, type SchemaField, type SchemaMessage, type WireType } from "./schema.js";
+import { loadSchema, type Schema, type SchemaMessage } from "./schema.js";
+import type { SchemaField, WireType } from "./wire-tables.js";
 
 const LITTLE_ENDIAN_HOST = endianness() === "LE";
 

@@ -2,7 +2,7 @@
 // Change the schema and run `node scripts/gen-protocol.mjs` (npm run build does);
 // test/transport/generated.test.ts fails while this file is stale.
 
-import type { WireTables } from "./schema.js";
+import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 

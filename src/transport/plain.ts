@@ -4,7 +4,8 @@
 // files need no per-message code in either language.
 
 import { ProtocolError, type WireMessage } from "./messages.js";
-import { loadSchema, type Schema, type SchemaField, type WireType } from "./schema.js";
+import { loadSchema, type Schema } from "./schema.js";
+import type { SchemaField, WireType } from "./wire-tables.js";
 
 export interface GoldenDocument {
   message: string;

@@ -6,32 +6,15 @@
 import { join } from "node:path";
 import { WIRE_TABLES } from "./messages.js";
 import { packageRoot } from "./package-root.js";
+import type { SchemaField, WireTables, WireType } from "./wire-tables.js";
 
 export const schemaPath: string = join(packageRoot, "protocol", "schema.json");
-
-/** A parsed schema type such as "i32[]?", "AddedRequest[]" or "int". */
-export type WireType =
-  | { kind: "int" | "float" | "str" | "bool" | "any"; nullable: boolean; text: string }
-  | { kind: "i32[]" | "f32[]" | "u8[]" | "int[]" | "str[]"; nullable: boolean; text: string }
-  | { kind: "struct" | "struct[]"; struct: string; nullable: boolean; text: string };
-
-export interface SchemaField {
-  name: string;
-  type: WireType;
-}
 
 export interface SchemaMessage {
   name: string;
   tag: string;
   from: "engine" | "worker";
   fields: SchemaField[];
-}
-
-/** The schema as gen-protocol writes it: plain data, structs and messages in file order. */
-export interface WireTables {
-  protocolVersion: number;
-  structs: Record<string, SchemaField[]>;
-  messages: Record<string, { tag: string; from: "engine" | "worker"; fields: SchemaField[] }>;
 }
 
 export interface Schema {

@@ -1,7 +1,26 @@
 // The contract between whoever starts a model worker (the CLI, tests) and the
 // supervisor that owns the Python process.
 
-import { ExecutorLostError, type StepExecutor } from "../engine/types.js";
+import type { ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
+
+/**
+ * executeStep() rejected because the worker behind the executor is gone (it
+ * died, was killed, or is being stopped), not because of the step itself.
+ */
+export class ExecutorLostError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "ExecutorLostError";
+  }
+}
+
+/** What the engine core needs from a model worker: one step at a time, in order. */
+export interface StepExecutor {
+  readonly ready: ReadyMessage;
+  executeStep(step: StepMessage): Promise<StepResultMessage>;
+  /** The grammar masks of a step sent with mask_rows (the worker waits for them before sampling). */
+  sendStepMask?(mask: StepMaskMessage): void;
+}
 
 export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type Device = "auto" | "cpu" | "cuda";
@@ -123,3 +142,16 @@ export class WorkerDiedError extends ExecutorLostError {
     this.name = "WorkerDiedError";
   }
 }
+
+/** What happened to a model worker after start-up. */
+export type WorkerHealthEvent = (
+  /** It died (or a restart attempt failed); the next attempt starts in restartInMs. */
+  | { kind: "down"; rank: number; exit: WorkerExit; restartInMs: number }
+  /** A restarted worker is Ready and serving. */
+  | { kind: "up"; rank: number; pid: number; restarts: number }
+  /** It died once too often (--max-worker-restarts): its engine cannot serve any more. */
+  | { kind: "gave-up"; rank: number; exit: WorkerExit; message: string }
+) & {
+  /** With --data-parallel-size > 1: the replica (engine core) whose worker it is. */
+  replica?: number;
+};

@@ -8,7 +8,8 @@
 
 import { randomUUID } from "node:crypto";
 import { EngineCore, type EngineConfig } from "../../src/engine/engine-core.js";
-import type { EngineRequest, RequestOutput, StepExecutor, TokenCallback } from "../../src/engine/types.js";
+import type { EngineRequest, RequestOutput, TokenCallback } from "../../src/engine/types.js";
+import type { StepExecutor } from "../../src/worker/types.js";
 import { GraphEngine } from "../../src/conductor/graph-engine.js";
 import { compileGraph } from "../../src/graph/compile.js";
 import type { ReadyMessage, StepMessage, StepResultMessage } from "../../src/transport/messages.js";

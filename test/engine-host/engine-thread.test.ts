@@ -16,7 +16,7 @@ import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
 import { EngineThread } from "../../src/engine-host/engine-thread.js";
 import { packageRoot } from "../../src/transport/package-root.js";
 import { WorkerStartError } from "../../src/worker/types.js";
-import type { WorkerHealthEvent } from "../../src/engine-host/types.js";
+import type { WorkerHealthEvent } from "../../src/worker/types.js";
 import { greedy, isRunning, nullModelDir, nullWorkerOptions, processesMatching, removeDir, tempDir, waitUntil } from "../worker/helpers.js";
 
 const VOCAB = 128;

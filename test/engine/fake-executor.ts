@@ -12,7 +12,8 @@
 // and alternative j is (tokens[p] + 1 + j) % vocab with logprob -j.
 
 import type { ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
-import type { EngineRequest, StepExecutor } from "../../src/engine/types.js";
+import type { EngineRequest } from "../../src/engine/types.js";
+import type { StepExecutor } from "../../src/worker/types.js";
 
 export interface FakeOptions {
   numBlocks: number;

@@ -9,7 +9,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import type { EngineConfig } from "../../src/engine/engine-core.js";
-import type { EngineRequest, RequestOutput, StepExecutor } from "../../src/engine/types.js";
+import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
+import type { StepExecutor } from "../../src/worker/types.js";
 import { DisaggregatedCore, type KvSendLane } from "../../src/kv-connector/disaggregated-core.js";
 import type { KvTransfer, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import { FakeExecutor, makeRequest, range } from "./fake-executor.js";

@@ -9,7 +9,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { EngineCore, RequestRejectedError, type EngineConfig } from "../../src/engine/engine-core.js";
-import { ExecutorLostError, type StepExecutor } from "../../src/engine/types.js";
+import { ExecutorLostError, type StepExecutor } from "../../src/worker/types.js";
 import type { StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import { FakeExecutor, makeRequest, range } from "./fake-executor.js";
 import { collect } from "./helpers.js";

@@ -5,7 +5,8 @@ import { pathToFileURL } from "node:url";
 import { createCodec, type Codec } from "../../src/transport/codec.js";
 import type { AddedRequest, SamplingParams, StepMessage, StepResultMessage, WireMessage } from "../../src/transport/messages.js";
 import { packageRoot } from "../../src/transport/package-root.js";
-import { schemaFromTables, type WireTables } from "../../src/transport/schema.js";
+import { schemaFromTables } from "../../src/transport/schema.js";
+import type { WireTables } from "../../src/transport/wire-tables.js";
 
 interface ParsedSchema {
   tables: WireTables;

@@ -7,11 +7,11 @@
 // The page (dashboard.js) renders exactly this shape.
 
 import { performance } from "node:perf_hooks";
-import { percentile } from "../../bench/metrics.js";
+import { percentile } from "../../observability/statistics.js";
 import type { StepTiming } from "../../engine/step-timings.js";
 import type { LiveRequestStats } from "../../observability/live-stats.js";
 import type { EngineStatsSource } from "../../observability/metrics.js";
-import type { WorkerHealthEvent } from "../../engine-host/types.js";
+import type { WorkerHealthEvent } from "../../worker/types.js";
 
 export const RATE_WINDOW_MS = 2_000;
 export const LATENCY_WINDOW_MS = 60_000;

@@ -19,12 +19,13 @@
 // A step's mask is always sent, even when computing it failed (then the rows
 // are unmasked and their requests fail), so the worker is never left waiting.
 
-import type { Request } from "../engine/request.js";
-import type { StepExecutor } from "../engine/types.js";
+import type { Request } from "./request.js";
+import type { StepExecutor } from "../worker/types.js";
 import type { StepMessage } from "../transport/messages.js";
-import { AnswerPhase } from "./answer-phase.js";
-import type { GrammarClient } from "./grammar-client.js";
-import type { MaskRow } from "./grammar-messages.js";
+import { AnswerPhase } from "../structured/answer-phase.js";
+import type { MessagePort } from "node:worker_threads";
+import { GrammarClient } from "../structured/grammar-client.js";
+import type { MaskRow } from "../structured/grammar-messages.js";
 
 /** A step's constrained rows, waiting for the results of the steps before it. */
 export interface MaskPlan {
@@ -140,4 +141,14 @@ export class StepMasks {
     progress.introduced = true;
     return row;
   }
+}
+
+/** The engine core's StepMasks, or null (structured output refused) without a grammar thread or when its vocabulary is not the worker's. */
+export function stepMasks(grammar: { port: MessagePort; vocabSize: number } | null, workerVocabSize: number): StepMasks | null {
+  if (grammar === null) return null;
+  if (grammar.vocabSize !== workerVocabSize) {
+    grammar.port.close();
+    return null;
+  }
+  return new StepMasks(new GrammarClient(grammar.port, grammar.vocabSize));
 }
