@@ -196,6 +196,13 @@ def test_bad_dtype(spawn, model_dir):
     _expect_fatal(spawn("--model", str(model_dir), "--block-size", "16", "--dtype", "float8"), "unsupported --dtype 'float8'")
 
 
+def test_bad_attention_backend(spawn, model_dir):
+    _expect_fatal(
+        spawn("--model", str(model_dir), "--block-size", "16", "--attention-backend", "fast"),
+        "unsupported --attention-backend 'fast'; supported: auto, reference, cpu, triton, flex",
+    )
+
+
 def test_missing_weights(spawn, tmp_path, model_dir):
     model = tmp_path / "noweights"
     model.mkdir()

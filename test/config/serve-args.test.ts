@@ -7,6 +7,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { parseHumanInt, parseServeArgs, UsageError } from "../../src/cli/args.js";
+import { workerArgs } from "../../src/worker/worker-process.js";
 import { repoRoot } from "../text/helpers.js";
 
 const cli = join(repoRoot, "bin", "baton.mjs");
@@ -28,6 +29,19 @@ describe("parseServeArgs", () => {
     assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"image": -1}'], {}), /non-negative integer/);
   });
 
+  test("GPU flags reach the worker's command line; the worker checks the backend's name", () => {
+    const { options } = parseServeArgs(["--attention-backend", "flex", "--enforce-eager", "--max-num-seqs", "64"], {});
+    assert.equal(options.attentionBackend, "flex");
+    assert.equal(options.enforceEager, true);
+    const args = workerArgs(
+      { modelDir: "/m", blockSize: 16, dtype: "auto", device: "auto", seed: 0, attentionBackend: options.attentionBackend, enforceEager: options.enforceEager, maxNumSeqs: options.maxNumSeqs },
+      "ipc://in",
+      "ipc://out",
+    );
+    assert.deepEqual(args.slice(args.indexOf("--attention-backend"), args.indexOf("--attention-backend") + 5), ["--attention-backend", "flex", "--enforce-eager", "--max-num-seqs", "64"]);
+    assert.ok(!workerArgs({ modelDir: "/m", blockSize: 16, dtype: "auto", device: "auto", seed: 0 }, "a", "b").includes("--enforce-eager"));
+  });
+
   test("defaults", () => {
     const { help, options } = parseServeArgs([], {});
     assert.equal(help, false);
@@ -47,6 +61,8 @@ describe("parseServeArgs", () => {
       device: "auto",
       seed: 0,
       loadFormat: "auto",
+      attentionBackend: "auto",
+      enforceEager: false,
       enablePrefixCaching: true,
       apiKey: null,
       logLevel: "info",
