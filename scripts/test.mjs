@@ -121,8 +121,11 @@ function runPythonTests() {
 const layers = spawnSync(process.execPath, [join(root, "scripts", "check-layers.mjs")], { cwd: root, stdio: "inherit" });
 if (layers.status !== 0) process.exit(1);
 buildTypeScript();
+const started = Date.now();
 const node = runNodeTests();
+const nodeSeconds = (Date.now() - started) / 1000;
 const py = runPythonTests();
+const pySeconds = (Date.now() - started) / 1000 - nodeSeconds;
 const slowest = [...node.durations, ...py.durations].sort((a, b) => b[1] - a[1]).slice(0, 20);
 if (slowest.length > 0) {
   console.log("\nSlowest tests:");
@@ -130,6 +133,6 @@ if (slowest.length > 0) {
 }
 const passed = node.passed + py.passed;
 const failed = node.failed + py.failed;
-console.log(`\nTypeScript: ${node.passed} passed, ${node.failed} failed; Python: ${py.passed} passed, ${py.failed} failed`);
+console.log(`\nTypeScript: ${node.passed} passed, ${node.failed} failed (${nodeSeconds.toFixed(0)} s); Python: ${py.passed} passed, ${py.failed} failed (${pySeconds.toFixed(0)} s)`);
 console.log(`${passed} passed, ${failed} failed`);
 process.exit(failed > 0 || passed === 0 ? 1 : 0);

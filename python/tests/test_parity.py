@@ -88,7 +88,8 @@ def test_greedy_matches_transformers(tmp_path, arch, variant, block_size, budget
         assert len(set(output)) >= NEW_TOKENS // 2, output
 
 
-TRITON_CASES = [("qwen3", 0, 16, 8), ("mistral", 0, 16, 6), ("llama3", 2, 32, 9)]
+# Qwen3 (q/k norms, block 16) and Mistral (a sliding window, block 32); the kernels' own tests cover the rest.
+TRITON_CASES = [("qwen3", 0, 16, 8), ("mistral", 0, 32, 6)]
 
 
 @pytest.mark.parametrize("arch,variant,block_size,budget", TRITON_CASES, ids=[f"{a}-v{v}" for a, v, _, _ in TRITON_CASES])
