@@ -1,4 +1,4 @@
-"""Decode ms/step against the memory-bandwidth roofline (issue 9's GPU check).
+"""Decode ms/step against the memory-bandwidth roofline (step 2 of bench/gpu/run.sh).
 
 Drives the worker's StepRunner directly (no engine, no sockets, so no Node or
 pyzmq on the GPU machine) on a random-weight model of a real shape
@@ -10,7 +10,7 @@ is what one decode step must read from HBM at --hbm-gbps:
   weights (every parameter but the embedding table, of which B rows are read)
   + KV read (each row's whole context, K and V, every layer) + KV written
 
-  efficiency = roofline ms / measured ms   (issue 9's goal: >= 0.85 at B=1)
+  efficiency = roofline ms / measured ms   (the target: >= 0.85 at B=1)
 
 --profile B... also records 32 decode steps at each of those batch sizes with
 torch.profiler and prints the GPU's busy fraction over them (the rest is idle

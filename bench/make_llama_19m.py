@@ -1,6 +1,6 @@
-"""The model of issue 9's side-by-side benchmark: a random-weight Llama of about
-19.7M parameters with the Qwen3 tokenizer (vocabulary 151936, so real text and
-prompts of exact token lengths work).
+"""The model of bench compare's side-by-side benchmark: a random-weight Llama
+of about 19.7M parameters with the Qwen3 tokenizer (vocabulary 151936, so real
+text and prompts of exact token lengths work).
 
     .venv/bin/python bench/make_llama_19m.py --out /tmp/llama-19m
 

@@ -3,7 +3,8 @@
 // never by a timer. It decides readiness, loop iterations and stops, walk
 // transitions, streaming chunks, completion and failure; the caller runs the
 // passes it hands out (takeReady) and the engine core runs kv_cache nodes.
-// docs/graph-runtime.md describes the behaviour; GRAPH.md is normative.
+// docs/graph-semantics.md fixes the semantics; docs/graph-runtime.md says how
+// this code implements them.
 //
 // Ownership of tensors: a tensor value that reaches the conductor (a pass
 // result, a prompt value) is referenced by whatever holds it (an input slot, a

@@ -8,10 +8,11 @@
 // node's outputs is: output index -> Route[] -> slot / client output / stream /
 // persist id, all integers.
 //
-// Classification of inputs follows GRAPH.md (and M*'s construction-time rules,
-// MSTAR-NOTES 1.2), keyed by (name, destination) = slot: a loop's external
-// inputs are re-injected every iteration; its loop-back inputs come from its own
-// body and are dropped after the last iteration.
+// Classification of inputs follows docs/graph-semantics.md, "Input
+// classification" (M*'s construction-time rules), keyed by (name, destination)
+// = slot: a loop's external inputs are re-injected every iteration; its
+// loop-back inputs come from its own body and are dropped after the last
+// iteration.
 
 import { chunkPolicyProblem } from "./chunk-policy.js";
 import {

@@ -1,5 +1,6 @@
-// GRAPH.md "What works means", one test each, over graphs in the exported
-// layout, driven by the in-test executor that plays workers and engine core.
+// The behaviours of docs/graph-semantics.md, 'What "works" means', one test
+// each, over graphs in the exported layout, driven by the in-test executor that
+// plays workers and engine core.
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
@@ -65,7 +66,7 @@ function tts(n: number, policy: ChunkPolicySpec = slidingWindow(28, 7), codecWor
   return ex;
 }
 
-describe("conductor: what 'works' means (GRAPH.md)", () => {
+describe("conductor: what 'works' means (docs/graph-semantics.md)", () => {
   it("a pipeline runs once per request and is reusable", () => {
     const ex = pipeline();
     ex.admit("r1", { x: [ex.tensor("a")] });
@@ -246,7 +247,8 @@ describe("conductor: what 'works' means (GRAPH.md)", () => {
   });
 
   it("Parallel inside a Loop with a self-loop runs each member once per iteration", () => {
-    // M*'s probe D: Loop(Parallel([A(a->A), B(b->B, bo->C)]), 3, outputs=[bo->C]) then C.
+    // Loop(Parallel([A(a->A), B(b->B, bo->C)]), 3, outputs=[bo->C]) then C: a shape in
+    // which M* lets the self-fed A run twice per iteration and C never runs.
     const ex = new Executor(
       graphLayout({
         nodes: { A: "stateless", B: "stateless", C: "stateless" },

@@ -1,9 +1,9 @@
-// Tensors between real workers through real shared memory (issue 8,
-// "Placement"): a two-node graph (python/baton_worker/models/tensor_relay) whose
-// node a turns the prompt into a float tensor and node b turns it into client
-// bytes, served colocated and split over two workers both ways round. The bytes
-// are the same under every placement; after many requests, aborted ones
-// included, nothing is held and no arena block leaked (a small arena would
+// Tensors between real workers through real shared memory (nodes placed on
+// several workers): a two-node graph (python/baton_worker/models/tensor_relay)
+// whose node a turns the prompt into a float tensor and node b turns it into
+// client bytes, served colocated and split over two workers both ways round.
+// The bytes are the same under every placement; after many requests, aborted
+// ones included, nothing is held and no arena block leaked (a small arena would
 // refuse later requests); a worker's segment goes with the worker, killed or not.
 
 import assert from "node:assert/strict";

@@ -26,7 +26,8 @@ function cut(policy: ChunkPolicySpec, n: number, eager: boolean, limit = 1000): 
 const span = (c: StreamChunk): string => (c.count === 0 ? `${c.final ? "final " : ""}EMPTY` : `${c.final ? "final " : ""}[${c.start}..${c.start + c.count - 1}]`);
 
 describe("chunk policies (count-based)", () => {
-  // M*'s table (MSTAR-NOTES 3.2) with Baton's rule: the final chunk is decided by the count.
+  // The cases M*'s stream buffer is known by, cut with Baton's rule: the final chunk is
+  // decided by the count (docs/graph-semantics.md, "The final chunk").
   const table: { policy: ChunkPolicySpec; n: number; chunks: string[]; context: number[] }[] = [
     { policy: slidingWindow(28, 7), n: 42, chunks: ["[0..27]", "[7..34]", "[14..41]", "final [21..41]"], context: [0, 21, 21, 21] },
     { policy: slidingWindow(28, 7), n: 20, chunks: ["final [0..19]"], context: [0] },

@@ -108,7 +108,7 @@ describe("graph compiler", () => {
     assert.deepEqual(pairs(g, l.loopBackSlots), ["x->a"]);
   });
 
-  it("BAGEL's CFG loop: every feed is loop-back, nothing external (MSTAR-NOTES 1.2)", () => {
+  it("BAGEL's CFG loop: every feed is loop-back, nothing external (docs/graph-semantics.md, Input classification)", () => {
     const branch = (n: string): ReturnType<typeof node> => node(n, ["latents", "t"], [edge("combine", `v_${n}`)]);
     const g = compileGraph(
       graphLayout({

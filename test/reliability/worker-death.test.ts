@@ -1,5 +1,5 @@
-// A model worker that dies is survived (issue 10), against the real CLI, the
-// real Python worker on the demo model and real HTTP:
+// A model worker that dies is survived (README.md, "When a worker dies"),
+// against the real CLI, the real Python worker on the demo model and real HTTP:
 // - SIGKILL under 32 streams (half greedy, half seeded at temperature 1): /health says 503 and why within 1 s, the
 //   worker is restarted, every stream completes with exactly the text of an
 //   undisturbed run, then /health is 200 and new requests are served; no KV

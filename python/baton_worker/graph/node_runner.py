@@ -7,10 +7,10 @@ submodule ONCE for the whole batch, keeps the outputs in the worker's
 for the client into bytes with the model's `postprocess`, and asks the
 submodule which loops to stop.
 
-Failures are isolated as GRAPH.md says: an exception in a per-request stage
-(input resolution, `prepare_inputs`, `check_stop`, `postprocess`) fails that
-pass only; an exception in the batch stage (`preprocess`, `forward`) fails
-every pass of the batch. Nothing escapes `run` as an exception except a
+Failures are isolated as docs/graph-semantics.md ("Failure isolation") says:
+an exception in a per-request stage (input resolution, `prepare_inputs`,
+`check_stop`, `postprocess`) fails that pass only; an exception in the batch
+stage (`preprocess`, `forward`) fails every pass of the batch. Nothing escapes `run` as an exception except a
 caller's mistake (a node this runner does not host).
 
 Submodule contract (a `NodeSubmodule`, or any `torch.nn.Module` with the same

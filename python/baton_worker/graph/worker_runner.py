@@ -14,13 +14,13 @@ runs it in the schema's order (protocol/schema.json, Step semantics):
    node this worker hosts; rows on a worker without one are a ProtocolError;
 5. each PassBatch through NodeRunner.run: one batched call of a stateless node.
 
-Tensors for other workers (issue 8, protocol/schema.json "Tensors between
-workers"): a batch's `publish` names the outputs a worker of another rank
-consumes (a prompt request's, its values); this worker copies those tensors
-into its shared-memory arena as well and describes the block beside the
-handle. The block is freed with the handle, when the control plane releases
-it. A consumer copies a published input out of the producer's segment while it
-resolves the pass's inputs. A tensor that does not fit fails its request only.
+Tensors for other workers (protocol/schema.json "Tensors between workers"):
+a batch's `publish` names the outputs a worker of another rank consumes (a
+prompt request's, its values); this worker copies those tensors into its
+shared-memory arena as well and describes the block beside the handle. The
+block is freed with the handle, when the control plane releases it. A consumer
+copies a published input out of the producer's segment while it resolves the
+pass's inputs. A tensor that does not fit fails its request only.
 
 Pass failures never leave the loop as exceptions: a bad input fails its pass
 (a tensor of another worker that it did not publish or whose segment is gone,

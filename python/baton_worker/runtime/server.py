@@ -177,9 +177,9 @@ def set_cpu_threads(opts: WorkerOptions | None = None) -> int:
     replicas with 2 threads each on 2 cores measured 550-580 output tok/s on
     the workload below, against 1536-1555 with 1 thread each.
 
-    Measured end to end on the issue-9 workload (bench compare, 19.7M Llama,
-    128 requests at c=32, 2 cores, quiet machine, same session): output tok/s
-    819 / 718 (T=0 / T=1) with 1 thread against 1003 / 1055 with 2. Node's
+    Measured end to end on the side-by-side workload of bench compare (19.7M
+    Llama, 128 requests at c=32, 2 cores, quiet machine, same session): output
+    tok/s 819 / 718 (T=0 / T=1) with 1 thread against 1003 / 1055 with 2. Node's
     share of the cores at that load is small, so holding a core back for it
     costs more than it saves. Under heavy outside load (other processes on
     the cores) 1 thread measured faster per step; set OMP_NUM_THREADS=1 there.

@@ -3,8 +3,8 @@
 The stream. Every token the LLM samples (prefill's and each decode
 iteration's `new_token`) is one item, in order: item i is the i-th generated
 token. When end-of-audio stops the loop, its iteration still delivers its
-token (GRAPH.md "Stops"), so end-of-audio is the last item; when the token
-cap stops it, the last item is an ordinary token.
+token (docs/graph-semantics.md, "Stops"), so end-of-audio is the last item;
+when the token cap stops it, the last item is an ordinary token.
 
 Frames. With F = codes_per_frame tokens per frame, frame k is items
 [k*F, (k+1)*F). Every item maps to a code, code = (token - audio_offset) mod
@@ -17,10 +17,10 @@ arrived before any end-of-audio; a trailing partial frame (cap not a multiple
 of F, or end-of-audio in mid-frame) is dropped, never padded.
 
 The chunks. The connection's policy is SlidingWindowChunkPolicy(W, S) with W
-a multiple of F and S = F. Each chunk carries (GRAPH.md "Streaming
-connections") its index, start offset s (item index of its first item), its
-number of context items c (leading items an earlier chunk already held) and a
-final flag; its items are [s, s+L) and the new ones [s+c, s+L). For N items
+a multiple of F and S = F. Each chunk carries (docs/graph-semantics.md,
+"Streaming connections") its index, start offset s (item index of its first
+item), its number of context items c (leading items an earlier chunk already
+held) and a final flag; its items are [s, s+L) and the new ones [s+c, s+L). For N items
 the policy yields the full windows [i*S, i*S+W) for i = 0..j, the largest j
 with j*S+W <= N (c = 0 for the first, W-S after), then one final chunk:
 - N < W (no full window): [0, N) with c = 0, all new; N = 0 gives one empty
@@ -63,9 +63,10 @@ from .spec import DemoTTSSpec
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """The metadata the runtime gives with every chunk (GRAPH.md "Streaming connections").
+    """The metadata the runtime gives with every chunk.
 
-    Same fields as the graph runtime's ChunkInfo, so either can be passed.
+    docs/graph-semantics.md, "Streaming connections", says what each field
+    means. Same fields as the graph runtime's ChunkInfo, so either can be passed.
     """
 
     index: int
