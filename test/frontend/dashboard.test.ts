@@ -207,14 +207,23 @@ describe("in headless Chromium", { skip: NO_BROWSER }, () => {
 
   test("numbers follow the load: running requests, tokens/s, exact token totals, latencies", async () => {
     await waitForMetric(page, "running", "v === 0");
+    // The page shows a snapshot up to a tick old: let it catch up with the server
+    // (the playground's requests just ended) before taking the totals to add to.
+    const now = ((await (await call("/dashboard/snapshot")).json()) as DashboardSnapshot).totals;
+    await waitForMetric(page, "generation-total", `v === ${now.generationTokens}`, 5_000);
+    await waitForMetric(page, "prompt-total", `v === ${now.promptTokens}`, 5_000);
+    await waitForMetric(page, "finished", `v === ${now.finishedRequests}`, 5_000);
     const before = {
       generation: await metric(page, "generation-total"),
       prompt: await metric(page, "prompt-total"),
       finished: await metric(page, "finished"),
     };
     const n = 4;
+    // Long enough (about a second or more on CPU) that the page, which gets one
+    // snapshot per 500 ms tick, sees the requests running.
+    const maxTokens = 600;
     const requests = Array.from({ length: n }, (_, i) =>
-      call("/v1/completions", { body: { model: MODEL, prompt: `load request ${i}: the relay team`, max_tokens: 160, ignore_eos: true } }).then(
+      call("/v1/completions", { body: { model: MODEL, prompt: `load request ${i}: the relay team`, max_tokens: maxTokens, ignore_eos: true } }).then(
         async (response) => {
           assert.equal(response.status, 200);
           return (await response.json()) as Completion;
@@ -235,7 +244,7 @@ describe("in headless Chromium", { skip: NO_BROWSER }, () => {
     const done = await Promise.all(requests);
     const generated = done.reduce((sum, r) => sum + r.usage.completion_tokens, 0);
     const prompted = done.reduce((sum, r) => sum + r.usage.prompt_tokens, 0);
-    assert.equal(generated, n * 160);
+    assert.equal(generated, n * maxTokens);
     await waitForMetric(page, "generation-total", `v === ${before.generation + generated}`, 5_000);
     await waitForMetric(page, "prompt-total", `v === ${before.prompt + prompted}`, 5_000);
     await waitForMetric(page, "finished", `v === ${before.finished + n}`, 5_000);
