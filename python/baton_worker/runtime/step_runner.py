@@ -58,6 +58,7 @@ class LaunchedStep:
     slots: np.ndarray  # the sampled rows' slots
     positions: np.ndarray  # where each sampled token goes in its request
     pending: PendingSample
+    removals: int  # the runner's removal count at launch: unchanged at finish, every slot is still its request's
     prompt_out: PromptLogprobs | None
     times: tuple[float, float, float]  # perf_counter at the start, after the inputs, after the forward pass
 
@@ -119,6 +120,7 @@ class StepRunner:
         # synchronous (CPU) there is nothing to overlap.
         self.overlap = device.type == "cuda" and model is not None and model.tp is None
         self.penalized: set[int] = set()  # requests whose sampling reads their earlier tokens' values
+        self.removals = 0  # requests removed so far (a launched step checks its slots only if some were)
         self.last_tokens: torch.Tensor | None = None  # [slots] each slot's latest sampled token, on the device
         # On CPU: torch's threads per phase of a step (cpu_threads.py); the worker's share of the cores is set by now.
         self.cpu = CpuThreads(torch.get_num_threads()) if device.type == "cpu" else None
@@ -212,17 +214,21 @@ class StepRunner:
             if self.overlap:
                 tokens = pending.tokens if pending.tokens is not None else torch.from_numpy(pending.read().token_ids).to(self.device)
                 self._keep_on_device(sample_slots, tokens)
-        return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, pending, prompt_out,
-                            (t0, t1, t2))
+        return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, pending, self.removals,
+                            prompt_out, (t0, t1, t2))
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Waits for the launched step's tokens and puts them in their reserved places."""
         out = launched.pending.read()
-        tokens = out.token_ids.tolist()
-        for state, slot, position, token in zip(launched.sampled, launched.slots.tolist(), launched.positions.tolist(), tokens):
+        slots, positions = launched.slots, launched.positions
+        for state, position, token in zip(launched.sampled, positions.tolist(), out.token_ids.tolist()):
             state.token_ids[position] = token
-            if self.by_slot.get(slot) is state:  # a request removed since has left its slot to another
-                self.batch.tokens[slot, position] = token
+        if launched.removals != self.removals:  # a request removed since has left its slot, maybe to another
+            owned = np.fromiter((self.by_slot.get(s) is st for s, st in zip(slots.tolist(), launched.sampled)), bool, len(slots))
+            slots, positions, tokens = slots[owned], positions[owned], out.token_ids[owned]
+        else:
+            tokens = out.token_ids
+        self.batch.tokens[slots, positions] = tokens
         t0, t1, t2 = launched.times
         t3 = time.perf_counter()
         prompt_out = launched.prompt_out
@@ -272,6 +278,7 @@ class StepRunner:
         for req_id in step.removed.tolist():
             state = self.requests.pop(req_id, None)
             if state is not None:
+                self.removals += 1
                 del self.slot_of[req_id], self.by_slot[state.slot]
                 self._slot_index = None
                 self.prompt_slots.discard(state.slot)
