@@ -134,10 +134,11 @@ class GraphStepRunner:
         kv_work = self.kv_connector is not None or len(step.kv_sends) or len(step.kv_loads) or len(step.kv_cancels)
         return self.kv is not None and not graph_work and not kv_work and self.kv.overlaps(step)
 
-    def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None):
+    def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None, overlaps: bool | None = None):
         """The step launched (finish() gives its result): overlappable steps only
-        queued on the device, any other step run whole."""
-        if self.overlaps(step):
+        queued on the device, any other step run whole. overlaps: overlaps(step),
+        when the caller has it already."""
+        if self.overlaps(step) if overlaps is None else overlaps:
             return self.kv.launch(step, wait_mask)
         return Finished(self.execute(step, wait_mask))
 

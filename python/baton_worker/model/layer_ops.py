@@ -68,6 +68,7 @@ class TritonOps(TorchOps):
         from . import layer_kernels
 
         self.kernels = layer_kernels
+        self.unfused = not interpreted()  # compiled kernels: no fused multiply-add where torch rounds twice
 
     def _norm(self, x, delta, weight):
         """x: [rows, n] or [tokens, heads, n] with unit stride on n."""
@@ -103,7 +104,7 @@ class TritonOps(TorchOps):
         if t:
             self.kernels.rotary_kernel[(t,)](
                 x, cos, sin, x.stride(0), x.stride(1), cos.stride(0), heads,
-                HALF=half, BLOCK_H=_pow2(heads), BLOCK_D=_pow2(half), UNFUSED=not interpreted(),
+                HALF=half, BLOCK_H=_pow2(heads), BLOCK_D=_pow2(half), UNFUSED=self.unfused,
             )
         return x
 

@@ -149,10 +149,11 @@ def serve(channel: Channel, runner, crash_token: int | None = None, tp: TensorPa
                 os._exit(CRASH_EXIT_CODE)
             if tp is not None:
                 tp.broadcast_bytes(protocol.encode(message))
-            if pending is not None and not runner.overlaps(message):
+            overlaps = runner.overlaps(message)
+            if pending is not None and not overlaps:
                 channel.send(pending.finish())
                 pending = None
-            launched = runner.launch(message, channel.wait_mask)
+            launched = runner.launch(message, channel.wait_mask, overlaps)
             if pending is not None:
                 channel.send(pending.finish())
             pending = launched
