@@ -281,70 +281,42 @@ export class Conductor {
    * flight (every output edge of the node carries the token). A finish reason
    * (EOS, stop id, max tokens) stops the loop that pass is in at this iteration;
    * outside any loop it ends the partition with its walk. Tokens after a stop are
-   * discarded. Returns how many of the node's next tokens the caller may pass
-   * to the client itself (an LLM's decode loop: see carriedIteration), else 0.
+   * discarded.
    */
-  kvToken(requestId: string, node: CompiledNode, tokenId: number, finish: string | null): number {
+  kvToken(requestId: string, node: CompiledNode, tokenId: number, finish: string | null): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);
-      if (req === undefined || req.kvRunning[node.id] === 0) return 0;
-      if (finish === null) {
-        const carried = this.carriedIteration(req, node, tokenId);
-        if (carried >= 0) return carried;
-      }
+      if (req === undefined || req.kvRunning[node.id] === 0) return;
+      if (finish === null && this.carriedIteration(req, node, tokenId)) return;
       const wn = this.takeKvPass(req, node, finish);
-      if (wn === null) return 0;
+      if (wn === null) return;
       const outputs = this.kvOutputScratch[wn.id]!;
       const values: Values = [{ kind: "tokens", ids: Int32Array.of(tokenId) }];
       for (let o = 0; o < outputs.length; o++) outputs[o] = values;
       this.completeWalkNode(req, wn, outputs, this.plainMeta[wn.id]!);
-      return 0;
     } finally {
       this.exit();
     }
   }
 
   /**
-   * The caller passed `count` tokens of the node straight to the client, as
-   * the last kvToken allowed: the loop's iteration count catches up. Called
-   * before the node's next kvToken for the request.
-   */
-  kvTokensCarried(requestId: string, node: CompiledNode, count: number): void {
-    const req = this.requests.get(requestId);
-    if (req === undefined || count === 0) return;
-    const wnId = req.kvWalkNode[node.id]!;
-    const loop = wnId < 0 ? -1 : this.carriedLoopOf[wnId]!;
-    if (loop < 0 || req.iter[loop]! + count + 1 > this.graph.loops[loop]!.maxIters) {
-      throw new ConductorError(`${count} tokens of ${node.name} for request ${requestId} were passed on without a carried loop to count them`);
-    }
-    req.iter[loop]! += count;
-  }
-
-  /**
    * A decode-loop token that neither stops nor ends the loop: what the general
    * path (complete the pass, route, end the iteration, carry the next one)
    * comes to, done directly: the client outputs, then the next iteration,
-   * whose pass the engine core already runs. -1 when the general path applies.
-   *
-   * Else how many of the node's next tokens the caller may pass straight to
-   * the loop's one client output without calling kvToken: each is one more
-   * iteration, none the last, nothing else feeds, stops or reads the loop
-   * (its body is this node alone, fed only by the engine core). The caller
-   * reports how many it passed (kvTokensCarried) before its next kvToken.
+   * whose pass the engine core already runs. False when the general path applies.
    */
-  private carriedIteration(req: RequestState, node: CompiledNode, tokenId: number): number {
+  private carriedIteration(req: RequestState, node: CompiledNode, tokenId: number): boolean {
     const wnId = req.kvWalkNode[node.id]!;
-    if (wnId < 0) return -1;
+    if (wnId < 0) return false;
     const loop = this.carriedLoopOf[wnId]!;
-    if (loop < 0 || req.kvInputs[node.id] !== null || this.isLastIteration(req, loop)) return -1;
+    if (loop < 0 || req.kvInputs[node.id] !== null || this.isLastIteration(req, loop)) return false;
     const wn = this.graph.walkNodes[wnId]!;
-    if (!this.slotsEmpty(req, wn)) return -1;
+    if (!this.slotsEmpty(req, wn)) return false;
     const outputs = this.carriedClientOutputs[wnId]!;
     for (let i = 0; i < outputs.length; i++) this.sink.clientToken(req.id, outputs[i]!, tokenId, this.plainMeta[wnId]!);
-    const iter = ++req.iter[loop]!;
-    // Iterations iter .. maxIters - 2 are not the last.
-    return outputs.length === 1 ? Math.max(0, this.graph.loops[loop]!.maxIters - 1 - iter) : 0;
+    ++req.iter[loop]!;
+    return true;
   }
 
   /**

@@ -10,15 +10,16 @@
 // Everything is event-driven: the engine acts when a worker answers or a
 // client submits or leaves; there is no polling timer.
 //
-// A plain LLM is the one-node graph (node llm, walks prefill and decode) and
-// takes the same path: submit() admits its prompt ids, the conductor starts
-// the llm node's engine-core request, and each token reaches the client
-// through the conductor's client output, as RequestOutputs (with the engine
-// core's logprobs and finish reason) so the OpenAI frontend is unchanged.
+// A plain LLM does not come here: its engine core serves it alone
+// (src/engine-host/model-engine.ts). Text requests of a graph (a
+// vision-language model's chat) do: submit() runs the model's process_prompt,
+// the conductor starts the LLM node's engine-core request, and each token
+// reaches the client through the conductor's client output, as
+// RequestOutputs (with the engine core's logprobs and finish reason).
 
 import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput, StopConditions, TokenCallback } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestOutput, StopConditions } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
 import type { StepMasks } from "../engine/step-masks.js";
@@ -103,8 +104,6 @@ interface LiveRequest {
   readonly id: string;
   /** Text requests (submit): their client, and what the engine core asked for. */
   readonly onOutput: OutputCallback | null;
-  /** Text requests whose client takes plain tokens on their own (EngineCore's TokenCallback, passed through while carrying). */
-  readonly onToken: TokenCallback | null;
   readonly onEvent: GraphEventCallback | null;
   readonly engineRequest: EngineRequest;
   readonly modelKwargs: Record<string, unknown>;
@@ -113,14 +112,6 @@ interface LiveRequest {
   pending: number[];
   /** In the engine's list of requests with something to flush. */
   touched: boolean;
-  /**
-   * Text requests in a plain decode loop: tokens of this node the conductor
-   * lets the engine pass straight to the client (kvToken's answer), and how
-   * many were passed since it last saw one.
-   */
-  carryNode: CompiledNode | null;
-  carryLeft: number;
-  carried: number;
   /** Counted against maxConcurrentRequests; a waiting request has its start here instead. */
   running: boolean;
   begin: (() => void) | null;
@@ -293,7 +284,7 @@ export class GraphEngine implements LaneListener {
    * A text request on a graph whose prompt is token ids (a plain LLM):
    * refused synchronously (RequestRejectedError) when it can never run.
    */
-  submit(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null): void {
+  submit(req: EngineRequest, onOutput: OutputCallback): void {
     this.checkNew(req.id);
     const config = this.config;
     if (config === null) throw new RequestRejectedError(`request ${req.id}: this model has no kv_cache node to generate text`);
@@ -301,7 +292,7 @@ export class GraphEngine implements LaneListener {
     if (req.grammar != null && !this.primaryCore!.takesGrammars) {
       throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     }
-    const live = this.track(req.id, onOutput, null, req, {}, onToken);
+    const live = this.track(req.id, onOutput, null, req, {});
     if (this.graph.promptNames.length !== 1) {
       // A prompt of token ids and more (a vision-language model's images): the
       // model's process_prompt turns the ids and the media into its prompt values.
@@ -422,21 +413,16 @@ export class GraphEngine implements LaneListener {
     onEvent: GraphEventCallback | null,
     engineRequest: EngineRequest,
     modelKwargs: Record<string, unknown>,
-    onToken: TokenCallback | null = null,
   ): LiveRequest {
     const live: LiveRequest = {
       id,
       onOutput,
-      onToken,
       onEvent,
       engineRequest,
       modelKwargs,
       admitted: false,
       pending: [],
       touched: false,
-      carryNode: null,
-      carryLeft: 0,
-      carried: 0,
       running: false,
       begin: null,
       coreOutput: null,
@@ -572,10 +558,7 @@ export class GraphEngine implements LaneListener {
         ? base
         : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] } };
     try {
-      const onOutput = (out: RequestOutput): void => this.onCoreOutput(node, req, out);
-      // A carried decode loop's plain tokens go to the client without a RequestOutput each (onCoreToken).
-      if (core instanceof EngineCore && req.onToken !== null) core.submit(engineRequest, onOutput, (token, cached) => this.onCoreToken(node, req, token, cached));
-      else core.submit(engineRequest, onOutput);
+      core.submit(engineRequest, (out) => this.onCoreOutput(node, req, out));
     } catch (error) {
       const message = (error as Error).message;
       if (req.onEvent !== null) req.endStatus = 400;
@@ -623,17 +606,12 @@ export class GraphEngine implements LaneListener {
       return;
     }
     const n = out.newTokenIds.length;
-    if (n === 1 && !out.finished && takeCarried(req, node)) {
-      // One more iteration of a decode loop the conductor handed over: the output is the client's as it is.
-      deliverOutput(req, out);
-      return;
-    }
     // Kept until the client output is flushed: its logprobs, finish and timing go with the tokens.
     req.coreOutput = out;
     if (n > 0) {
       this.currentOutput = req;
-      if (this.inCoreStep) this.kvTokens(req, node, out);
-      else this.call(() => this.kvTokens(req, node, out));
+      if (this.inCoreStep) this.kvTokens(node, out);
+      else this.call(() => this.kvTokens(node, out));
       this.currentOutput = null;
     } else if (out.finished) {
       // Ended without a token: the worker failed, or the engine aborted it (closing, or not carried over a worker death).
@@ -648,32 +626,11 @@ export class GraphEngine implements LaneListener {
     this.flushTouched();
   }
 
-  /** onCoreOutput's carry case for a plain token, before the engine core builds an output for it. */
-  private onCoreToken(node: CompiledNode, req: LiveRequest, token: number, numCachedTokens: number): boolean {
-    if (req.ended || req.kvStopped || !takeCarried(req, node)) return false;
-    try {
-      (req.onToken as TokenCallback)(token, numCachedTokens);
-    } catch {
-      // A client's callback must not stop the engine.
-    }
-    return true;
-  }
-
-  private kvTokens(req: LiveRequest, node: CompiledNode, out: RequestOutput): void {
-    if (req.carried > 0) {
-      this.conductor.kvTokensCarried(req.id, node, req.carried);
-      req.carried = 0;
-    }
-    req.carryLeft = 0;
+  private kvTokens(node: CompiledNode, out: RequestOutput): void {
     const n = out.newTokenIds.length;
-    let carry = 0;
     for (let i = 0; i < n; i++) {
       const finish = i === n - 1 && out.finished ? out.finishReason : null;
-      carry = this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
-    }
-    if (req.onOutput !== null && carry > 0) {
-      req.carryNode = node;
-      req.carryLeft = carry;
+      this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
     }
   }
 
@@ -858,12 +815,6 @@ export class GraphEngine implements LaneListener {
       req.coreOutput = null;
       const pending = req.pending;
       if (pending.length === 0 && !req.ended) continue;
-      if (core !== null && sameOutput(core, pending, req)) {
-        // The conductor passed the engine core's tokens straight to the client (a plain LLM): its output is the client's.
-        pending.length = 0;
-        deliverOutput(req, core);
-        continue;
-      }
       const tokens = pending.slice();
       pending.length = 0;
       const output: RequestOutput = {
@@ -948,23 +899,7 @@ function fromNamedValues(named: readonly NamedValues[], rank: number): Map<strin
   return map;
 }
 
-/** Whether the engine core's output says exactly what the client is owed: the same tokens and the same ending. */
-function sameOutput(core: RequestOutput, tokens: readonly number[], req: LiveRequest): boolean {
-  const ids = core.newTokenIds;
-  if (ids.length !== tokens.length || core.finished !== req.ended) return false;
-  for (let i = 0; i < ids.length; i++) if (ids[i] !== tokens[i]) return false;
-  return !req.ended || (core.finishReason === req.endReason && core.error === req.endError);
-}
-
-/** A text client's output; its own call site (not callSafely's), so the engine's hottest call stays monomorphic. */
-/** One more iteration of a decode loop the conductor handed over, when it has one left for this node and nothing is pending: counted here. */
-function takeCarried(req: LiveRequest, node: CompiledNode): boolean {
-  if (req.carryLeft === 0 || req.carryNode !== node || req.pending.length > 0) return false;
-  req.carryLeft--;
-  req.carried++;
-  return true;
-}
-
+/** A text client's output; its own call site (not callSafely's), so the hot call stays monomorphic. */
 function deliverOutput(req: LiveRequest, output: RequestOutput): void {
   try {
     req.onOutput!(output);

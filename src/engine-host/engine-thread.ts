@@ -329,12 +329,15 @@ export class EngineThread implements ServingEngine {
       });
     }
     for (const { handle, output } of message.rich) this.queue(handle, { requestId: "", ...output });
-    this.latestNodes = message.nodes;
-    this.latestHeldTensors = message.heldTensors;
-    for (const s of message.nodeSteps) this.nodeSteps.push(s);
-    if (this.nodeSteps.length > 4096) this.nodeSteps.splice(0, this.nodeSteps.length - 4096);
-    // Graph events go out at once and in order (no merging: each chunk is the client's next bytes).
-    for (const { handle, event } of message.graph) this.deliverEvent(handle, event);
+    const graph = message.graph;
+    if (graph !== null) {
+      this.latestNodes = graph.nodes;
+      this.latestHeldTensors = graph.heldTensors;
+      for (const s of graph.nodeSteps) this.nodeSteps.push(s);
+      if (this.nodeSteps.length > 4096) this.nodeSteps.splice(0, this.nodeSteps.length - 4096);
+      // Graph events go out at once and in order (no merging: each chunk is the client's next bytes).
+      for (const { handle, event } of graph.events) this.deliverEvent(handle, event);
+    }
     if (!this.deliveryScheduled && this.pending.size > 0) {
       this.deliveryScheduled = true;
       // Every batch that arrived in this turn of the event loop is merged before delivery.

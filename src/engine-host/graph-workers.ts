@@ -11,12 +11,12 @@
 
 import { createServer } from "node:net";
 import { placeGraph, DeploymentError, type Deployment } from "../config/deployment.js";
-import type { GraphEngine } from "../conductor/graph-engine.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import { arenaShare } from "../worker/shm-segments.js";
 import { WorkerSupervisor, type RestartPolicy, type WorkerEvent } from "../worker/supervisor.js";
 import type { WorkerClient, WorkerOptions } from "../worker/types.js";
 import type { WorkerHealthEvent } from "../worker/types.js";
+import type { ModelEngine } from "./model-engine.js";
 
 export interface GraphWorkers {
   graph: CompiledGraph;
@@ -132,8 +132,8 @@ export function currentWorkers(supervisors: readonly WorkerSupervisor[]): Worker
   return supervisors.map((s) => s.client);
 }
 
-/** Tells the graph engine about a worker's death, restart or loss for good. */
-export function applyWorkerEvent(engine: GraphEngine, event: WorkerEvent): void {
+/** Tells the model's engines about a worker's death, restart or loss for good. */
+export function applyWorkerEvent(engine: ModelEngine, event: WorkerEvent): void {
   switch (event.kind) {
     case "down":
       engine.workerLost(event.rank, event.exit.summary);

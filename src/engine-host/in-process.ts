@@ -3,7 +3,7 @@
 // then runs between the engine's steps.
 
 import { setTimeout as sleep } from "node:timers/promises";
-import { GraphEngine, type GraphEventCallback, type GraphRequest, type NodeStats, type NodeStepSample } from "../conductor/graph-engine.js";
+import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig, EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import { stepMasks } from "../engine/step-masks.js";
@@ -15,6 +15,7 @@ import type { WorkerSupervisor } from "../worker/supervisor.js";
 import type { WorkerClient } from "../worker/types.js";
 import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
 import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
+import { createModelEngine, type ModelEngine } from "./model-engine.js";
 import type { WorkerHealthEvent } from "../worker/types.js";
 
 export class InProcessEngine implements ServingEngine {
@@ -23,7 +24,7 @@ export class InProcessEngine implements ServingEngine {
   private readonly listeners: ((event: WorkerHealthEvent) => void)[] = [];
 
   private constructor(
-    readonly engine: GraphEngine,
+    readonly engine: ModelEngine,
     private readonly supervisors: readonly WorkerSupervisor[],
     readonly config: EngineConfig,
   ) {}
@@ -49,7 +50,7 @@ export class InProcessEngine implements ServingEngine {
     try {
       const grammar = options.grammar ?? null;
       const workers = currentWorkers(started.supervisors);
-      const engine = new GraphEngine({
+      const engine = createModelEngine({
         graph: started.graph,
         workers,
         rankOf: started.rankOf,
@@ -129,7 +130,7 @@ export class InProcessEngine implements ServingEngine {
 }
 
 /** The engine configuration the frontend validates against: the kv_cache node's, else rank 0's sizes. */
-export function engineConfigOf(engine: GraphEngine, ready: ReadyMessage, options: ServingEngineOptions): EngineConfig {
+export function engineConfigOf(engine: ModelEngine, ready: ReadyMessage, options: ServingEngineOptions): EngineConfig {
   return engine.config ?? { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
 }
 
@@ -141,7 +142,7 @@ const STEP_GRACE_MS = 5_000;
  * at most STEP_GRACE_MS for it), then stops restarting and shuts the model
  * workers down. Never rejects.
  */
-export async function stopEngine(engine: GraphEngine | null, supervisors: readonly WorkerSupervisor[]): Promise<void> {
+export async function stopEngine(engine: ModelEngine | null, supervisors: readonly WorkerSupervisor[]): Promise<void> {
   if (engine !== null) await Promise.race([engine.close().catch(() => {}), sleep(STEP_GRACE_MS, undefined, { ref: false })]);
   await Promise.all(supervisors.map((s) => s.stop().catch(() => {})));
 }

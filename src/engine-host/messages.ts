@@ -130,8 +130,13 @@ export interface OutputsMessage {
   timings: StepTiming[];
   /** With recordSteps. */
   records: StepRecord[];
+  /** A graph of models' part; null for a plain LLM. */
+  graph: GraphOutputs | null;
+}
+
+export interface GraphOutputs {
   /** Graph requests' events, in order (chunk bytes are transferred). */
-  graph: { handle: number; event: GraphEvent }[];
+  events: { handle: number; event: GraphEvent }[];
   nodes: NodeStats[];
   nodeSteps: NodeStepSample[];
   heldTensors: number;

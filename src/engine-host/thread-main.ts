@@ -18,6 +18,7 @@ import { WorkerStartError } from "../worker/types.js";
 import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitGraphMessage, SubmitMessage } from "./messages.js";
 import { engineConfigOf, stopEngine } from "./in-process.js";
+import { createModelEngine, type ModelEngine } from "./model-engine.js";
 import { StepRecorder } from "./step-recorder.js";
 import { stepMasks } from "../engine/step-masks.js";
 
@@ -41,7 +42,7 @@ class Outbox {
   numSubmitsTaken = 0;
 
   constructor(
-    private readonly core: GraphEngine,
+    private readonly core: ModelEngine,
     private readonly recorder: StepRecorder | null,
   ) {}
 
@@ -91,9 +92,9 @@ class Outbox {
     const timings = newSteps > 0 && this.core.timings !== null ? this.core.timings.recent(newSteps) : [];
     // A copy of the filled part moves to the main thread; the buffer is reused.
     const plain = this.plain.slice(0, this.plainLength);
-    const graph = this.graph;
+    const events = this.graph;
     const transfer: ArrayBuffer[] = [plain.buffer as ArrayBuffer];
-    for (const { event } of graph) {
+    for (const { event } of events) {
       // A chunk's bytes own their buffer (the decoder gives each its own copy) and move without a copy.
       if (event.kind === "chunk" && event.data.byteOffset === 0 && event.data.byteLength === event.data.buffer.byteLength) {
         if (!transfer.includes(event.data.buffer as ArrayBuffer)) transfer.push(event.data.buffer as ArrayBuffer);
@@ -107,10 +108,9 @@ class Outbox {
       numSubmitsTaken: this.numSubmitsTaken,
       timings,
       records: this.recorder?.take() ?? [],
-      graph,
-      nodes: this.core.nodeStats(),
-      nodeSteps: this.core.takeStepSamples(),
-      heldTensors: this.core.heldTensors(),
+      graph: this.core instanceof GraphEngine
+        ? { events, nodes: this.core.nodeStats(), nodeSteps: this.core.takeStepSamples(), heldTensors: this.core.heldTensors() }
+        : null,
     };
     this.plainLength = 0;
     this.rich = [];
@@ -124,7 +124,7 @@ class Outbox {
 let supervisors: WorkerSupervisor[] = [];
 /** The grammar thread's port (structured output) until an engine core takes it. */
 let grammarLink = init.grammar ?? null;
-let core: GraphEngine | null = null;
+let core: ModelEngine | null = null;
 let outbox: Outbox | null = null;
 let closing = false;
 /** Engine request id of each live handle. */
@@ -165,7 +165,7 @@ async function start(): Promise<void> {
   const recorder = init.recordSteps ? new StepRecorder(workers[0]!) : null;
   if (recorder !== null) recorder.recording = true;
   try {
-    core = new GraphEngine({
+    core = createModelEngine({
       graph: started.graph,
       workers,
       rankOf: started.rankOf,

@@ -40,9 +40,6 @@ interface EngineRequest {
   requestId: string;
   node: CompiledNode;
   produced: number;
-  /** Tokens kvToken let this engine pass to the client itself, and how many it passed. */
-  carryLeft: number;
-  carried: number;
 }
 
 export class Executor implements ConductorSink {
@@ -50,12 +47,6 @@ export class Executor implements ConductorSink {
   readonly conductor: Conductor;
   readonly behaviours = new Map<string, Behaviour>();
   readonly tokenScripts = new Map<string, TokenScript>();
-  /**
-   * Take kvToken's allowance as the graph engine does for text requests: pass
-   * that many following tokens to the client directly (as output "carried"),
-   * then report them with kvTokensCarried.
-   */
-  carryTokens = false;
   /** Worker of each node (default 0). */
   placement: (node: string) => number = () => 0;
   /** Tensor store per worker: handle -> label. */
@@ -72,8 +63,6 @@ export class Executor implements ConductorSink {
   readonly batchesSeen: ReadyBatch[] = [];
   readonly releaseCalls: { worker: number; handles: readonly number[] }[] = [];
   readonly engine = new Map<string, EngineRequest>();
-  /** The meta of each request's last client output (what a carried token reuses). */
-  private readonly lastMeta = new Map<string, ClientOutputMeta>();
   readonly kvStarts: KvStart[] = [];
   readonly kvStops: string[] = [];
   /** Passes of stepped kv_cache nodes (with a behaviour) waiting to run. */
@@ -137,7 +126,6 @@ export class Executor implements ConductorSink {
 
   clientOutput(requestId: string, output: CompiledClientOutput, values: Values, meta: ClientOutputMeta): void {
     this.client.push({ requestId, output, values, meta });
-    this.lastMeta.set(requestId, meta);
     this.log.push(`client ${requestId} ${output.name}=${this.labelsOf(values).join("+")}`);
   }
 
@@ -178,7 +166,7 @@ export class Executor implements ConductorSink {
     if (start.continuing) assert.ok(this.engine.has(key), `continuing ${key}, which the engine does not run`);
     else {
       assert.ok(!this.engine.has(key), `starting ${key} twice`);
-      this.engine.set(key, { requestId: start.requestId, node: start.walkNode.node, produced: 0, carryLeft: 0, carried: 0 });
+      this.engine.set(key, { requestId: start.requestId, node: start.walkNode.node, produced: 0 });
     }
   }
 
@@ -243,17 +231,7 @@ export class Executor implements ConductorSink {
       const { token, finish } = script(req.requestId, req.produced++);
       if (finish !== null) this.engine.delete(key);
       ran = true;
-      if (finish === null && req.carryLeft > 0) {
-        req.carryLeft--;
-        req.carried++;
-        const meta = this.lastMeta.get(req.requestId)!;
-        this.client.push({ requestId: req.requestId, output: CARRIED_OUTPUT, values: [Executor.tokens(token)], meta });
-        continue;
-      }
-      this.conductor.kvTokensCarried(req.requestId, req.node, req.carried);
-      req.carried = 0;
-      const carry = this.conductor.kvToken(req.requestId, req.node, token, finish);
-      req.carryLeft = this.carryTokens ? carry : 0;
+      this.conductor.kvToken(req.requestId, req.node, token, finish);
     }
     return ran;
   }
@@ -266,7 +244,7 @@ export class Executor implements ConductorSink {
 
   clientOf(requestId: string, name?: string): string[] {
     return this.client
-      .filter((c) => c.requestId === requestId && (name === undefined || c.output.name === name || c.output === CARRIED_OUTPUT)).map((c) => this.labelsOf(c.values).join("+"));
+      .filter((c) => c.requestId === requestId && (name === undefined || c.output.name === name)).map((c) => this.labelsOf(c.values).join("+"));
   }
 
   runsOf(nodeName: string, walk: string): number {
@@ -274,5 +252,3 @@ export class Executor implements ConductorSink {
   }
 }
 
-/** Where carried tokens are recorded: they belong to whichever output a test asks for. */
-const CARRIED_OUTPUT: CompiledClientOutput = Object.freeze({ id: -1, name: "carried", modality: "text" });

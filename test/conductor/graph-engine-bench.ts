@@ -1,14 +1,15 @@
-// Cost per decode step of the control plane's own work for a plain LLM at B
-// concurrent requests: the engine core alone (what served requests before the
-// conductor) against the graph engine (conductor + engine core + worker lane,
-// what serves them now). The executor answers at once with "last token + 1",
-// so the time is the control plane's; both runs in one process, alternating.
+// Cost per decode step of the control plane's own work for an LLM at B
+// concurrent requests: the engine core alone (how a plain LLM is served)
+// against the graph engine (conductor + engine core + worker lane, how the
+// LLM node of a graph of models is). The executor answers at once with "last
+// token + 1", so the time is the control plane's; both runs in one process,
+// alternating.
 //
 //   npx tsc -p tsconfig.json && node dist/test/conductor/graph-engine-bench.js [requests] [tokensPerRequest] [rounds]
 
 import { randomUUID } from "node:crypto";
 import { EngineCore, type EngineConfig } from "../../src/engine/engine-core.js";
-import type { EngineRequest, RequestOutput, TokenCallback } from "../../src/engine/types.js";
+import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
 import type { StepExecutor } from "../../src/worker/types.js";
 import { GraphEngine } from "../../src/conductor/graph-engine.js";
 import { compileGraph } from "../../src/graph/compile.js";
@@ -110,7 +111,7 @@ function engineRequest(i: number): EngineRequest {
   };
 }
 
-type Submit = (req: EngineRequest, onOutput: (out: RequestOutput) => void, onToken: TokenCallback) => void;
+type Submit = (req: EngineRequest, onOutput: (out: RequestOutput) => void) => void;
 
 /** Runs B requests to completion; ms per step over the whole run (prefill included, 1 of tokensPerRequest steps). */
 async function run(submit: Submit, worker: EchoWorker): Promise<{ msPerStep: number; tokens: number }> {
@@ -120,17 +121,10 @@ async function run(submit: Submit, worker: EchoWorker): Promise<{ msPerStep: num
   const steps0 = worker.steps;
   await new Promise<void>((resolve) => {
     for (let i = 0; i < requests; i++) {
-      submit(
-        engineRequest(i),
-        (out) => {
-          tokens += out.newTokenIds.length;
-          if (out.finished && ++done === requests) resolve();
-        },
-        () => {
-          tokens++;
-          return true;
-        },
-      );
+      submit(engineRequest(i), (out) => {
+        tokens += out.newTokenIds.length;
+        if (out.finished && ++done === requests) resolve();
+      });
     }
   });
   const ms = performance.now() - t0;
@@ -149,13 +143,11 @@ async function main(): Promise<void> {
     engine: { maxNumSeqs: requests, maxNumBatchedTokens: Math.max(8192, requests * 16), asyncScheduling: false },
   });
   console.log(`B=${requests}, ${tokensPerRequest} tokens per request, ms per step (control plane only)`);
-  const results: { core: number[]; graph: number[]; tokens: number[] } = { core: [], graph: [], tokens: [] };
+  const results: { core: number[]; graph: number[] } = { core: [], graph: [] };
   for (let r = 0; r < rounds; r++) {
     if (only !== "graph") results.core.push((await run((req, cb) => core.submit(req, cb), coreWorker)).msPerStep);
     if (only !== "core") {
       results.graph.push((await run((req, cb) => graph.submit(req, cb), graphWorker)).msPerStep);
-      // As the engine thread submits: plain tokens through the token callback, no RequestOutput each.
-      results.tokens.push((await run((req, cb, onToken) => graph.submit(req, cb, onToken), graphWorker)).msPerStep);
     }
   }
   const best = (xs: number[]): number => Math.min(...xs);
@@ -172,10 +164,8 @@ async function main(): Promise<void> {
   if (only !== "core") console.log(`graph engine, p50 ms:      ${phases(graph.timings!)}`);
   console.log(`engine core alone: ${results.core.map((x) => x.toFixed(3)).join(" ")}  best ${best(results.core).toFixed(3)}`);
   console.log(`graph engine:      ${results.graph.map((x) => x.toFixed(3)).join(" ")}  best ${best(results.graph).toFixed(3)}`);
-  console.log(`graph, token path: ${results.tokens.map((x) => x.toFixed(3)).join(" ")}  best ${best(results.tokens).toFixed(3)}`);
   if (only === "both") {
     console.log(`ratio graph/core (best): ${(best(results.graph) / best(results.core)).toFixed(3)}`);
-    console.log(`ratio graph token path/core (best): ${(best(results.tokens) / best(results.core)).toFixed(3)}`);
   }
   await core.close();
   await graph.close();

@@ -1,5 +1,6 @@
 // Grammar masks through the graph engine's worker lane, with the real worker
-// and the real grammar thread. The lane numbers wire steps itself, and its
+// and the real grammar thread (the demo LLM run as a graph: a graph's LLM node
+// steps through the lane of its worker, a plain LLM's core needs none). The lane numbers wire steps itself, and its
 // own steps (graph work, no rows) make the wire ids run ahead of the engine
 // core's; a StepMask must still reach the worker under the id of the step
 // that waits for it, and a row-less step must never wait. A mask under the
@@ -12,7 +13,10 @@ import { after, before, describe, test } from "node:test";
 import { readModelDir } from "../../src/config/model-dir.js";
 import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
 import type { StepExecutor } from "../../src/worker/types.js";
-import { InProcessEngine } from "../../src/engine-host/in-process.js";
+import { GraphEngine } from "../../src/conductor/graph-engine.js";
+import { stepMasks } from "../../src/engine/step-masks.js";
+import { compileModelGraph } from "../../src/graph/compile.js";
+import { startWorker } from "../../src/worker/supervisor.js";
 import type { RequestGrammar } from "../../src/structured/answer-phase.js";
 import { GrammarService } from "../../src/structured/grammar-service.js";
 import { TextTokenizer } from "../../src/text/tokenizer.js";
@@ -49,29 +53,32 @@ for (const asyncScheduling of [true, false]) {
     const info = readModelDir(demoModelDir);
     const tokenizer = TextTokenizer.fromFile(join(demoModelDir, "tokenizer.json"));
     let grammars: GrammarService;
-    let engine: InProcessEngine;
+    let worker: WorkerClient;
+    let engine: GraphEngine;
     const events: WireEvent[] = [];
 
     before(async () => {
       grammars = GrammarService.start({ tokenizerPath: join(demoModelDir, "tokenizer.json"), vocabSize: info.vocabSize!, stopTokenIds: info.eosTokenIds, cacheSize: 4 });
       assert.equal(await grammars.compile(GRAMMAR.spec), null);
-      engine = await InProcessEngine.start(
-        {
-          worker: { modelDir: demoModelDir, blockSize: 16, numBlocks: 128, dtype: "float32", device: "cpu", seed: 0, forwardOutput: false },
-          engine: { maxNumSeqs: 8, maxNumBatchedTokens: 512, asyncScheduling },
-          grammar: grammars,
-        },
-        (worker) => recording(worker, events),
-      );
+      worker = await startWorker({ modelDir: demoModelDir, blockSize: 16, numBlocks: 128, dtype: "float32", device: "cpu", seed: 0, forwardOutput: false });
+      engine = new GraphEngine({
+        graph: compileModelGraph(worker.ready.graph),
+        workers: [worker],
+        rankOf: () => 0,
+        engine: { maxNumSeqs: 8, maxNumBatchedTokens: 512, asyncScheduling },
+        wrapExecutor: (_rank, client) => recording(client, events),
+        stepMasks: (ready) => stepMasks({ port: grammars.connectPort(), vocabSize: grammars.vocabSize }, ready.vocab_size),
+      });
     });
 
     after(async () => {
       await engine?.close();
+      await worker?.shutdown();
       await grammars?.close();
     });
 
     test("masks reach the steps that wait for them; the lane's own steps never wait", async () => {
-      const lane = engine.engine.lanes[0]!;
+      const lane = engine.lanes[0]!;
       // A step of the lane's own goes first: from here on wire ids run ahead of the core's.
       lane.requestEnded("nobody");
       await waitUntil(() => events.length > 0 && lane.stepsInFlight === 0, 10_000, "the lane's own step");
