@@ -5,7 +5,7 @@
 // A request admitted here but not yet submitted (still tokenizing) holds a
 // ticket that counts as waiting, so a burst cannot slip past the bound while
 // its prompts are being tokenized. The ticket is released when the request
-// reaches the engine (the observed engine's onSubmit, matched through the
+// reaches the engine (its session's onSubmit, request-session.ts, matched through the
 // request's async context) or when its HTTP exchange ends.
 // Every admitted request counts as open until its response is finished or its
 // connection closes; a draining server waits for that count to reach 0.

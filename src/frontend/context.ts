@@ -6,8 +6,7 @@ import type { ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import type { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import type { GrammarSpec } from "../structured/grammar-spec.js";
-import type { EngineHandle } from "../engine/types.js";
-import type { GenerationRegistry } from "./generation.js";
+import type { RequestSessions } from "./request-session.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
 import type { VisionPrompt } from "../config/model-dir.js";
@@ -20,7 +19,6 @@ export interface GrammarCompiling {
 }
 
 export interface FrontendContext {
-  engine: EngineHandle;
   tokenizer: TextTokenizer;
   detokenizer: DetokenizerBatcher;
   /** Token strings for logprobs. */
@@ -31,7 +29,8 @@ export interface FrontendContext {
   limits: ModelLimits;
   /** Token ids must be below this. */
   vocabSize: number;
-  registry: GenerationRegistry;
+  /** Every request to the engine goes through its session (admission, metrics, the live registry). */
+  sessions: RequestSessions;
   /** --reasoning-parser: splits chat output into reasoning_content and content; null: off. */
   reasoningParser: ReasoningParserName | null;
   /** --tool-call-parser: how tool_choice "auto" reads the model's calls; null: none. */

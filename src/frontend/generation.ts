@@ -1,14 +1,15 @@
-// One request's life on the frontend side: submit to the engine core, turn
+// One text request's life on the frontend side: submit it through its
+// session (request-session.ts: admission, metrics, the live registry), turn
 // each step's token ids into text through the request's detokenizer session,
-// and hand ordered deltas to the endpoint (streamed or collected). The engine
-// is reached only through submit/abort and the output callback.
+// and hand ordered deltas to the endpoint (streamed or collected).
 
 import { RequestRejectedError } from "../engine/engine-core.js";
-import type { EngineHandle, EngineRequest, OutputCallback, PromptTokenLogprob, RequestOutput, TokenLogprob } from "../engine/types.js";
+import type { EngineRequest, PromptTokenLogprob, RequestOutput, TokenLogprob } from "../engine/types.js";
 import type { DetokenizerSession } from "../text/detokenizer.js";
 import type { StopStringMatcher } from "../text/stop-strings.js";
 import type { TokenText, TokenTextSession, TokenVocabulary } from "../text/token-text.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
+import type { RequestSessions, SessionOwner } from "./request-session.js";
 
 export type OpenAIFinishReason = "stop" | "length";
 
@@ -64,29 +65,7 @@ export interface GenerationSink {
   onError(error: ApiError): void;
 }
 
-/** Live generations, so shutdown and worker death can end all of them. */
-export class GenerationRegistry {
-  private readonly live = new Map<string, Generation>();
-
-  get size(): number {
-    return this.live.size;
-  }
-
-  add(generation: Generation): void {
-    this.live.set(generation.id, generation);
-  }
-
-  delete(generation: Generation): void {
-    this.live.delete(generation.id);
-  }
-
-  /** Ends every live generation with this error (and aborts it in the engine). */
-  failAll(error: ApiError): void {
-    for (const generation of [...this.live.values()]) generation.fail(error);
-  }
-}
-
-export class Generation {
+export class Generation implements SessionOwner {
   /** Generated tokens delivered to the sink so far (what usage.completion_tokens counts). */
   completionTokens = 0;
   /** Prompt tokens the engine served from the prefix cache (usage.prompt_tokens_details.cached_tokens). */
@@ -101,8 +80,7 @@ export class Generation {
   private tail: Promise<void> = Promise.resolve();
 
   constructor(
-    private readonly engine: EngineHandle,
-    private readonly registry: GenerationRegistry,
+    private readonly sessions: RequestSessions,
     private readonly detokenizer: DetokenizerSession,
     private readonly request: EngineRequest,
     private readonly sink: GenerationSink,
@@ -114,9 +92,8 @@ export class Generation {
   }
 
   start(): void {
-    this.registry.add(this);
     try {
-      this.engine.submit(this.request, (output) => this.onOutput(output));
+      this.sessions.submitText(this, this.request, (output) => this.onOutput(output));
     } catch (error) {
       this.engineDone = true;
       // A request the engine can never run (e.g. longer than the whole KV cache) is the client's to fix.
@@ -141,11 +118,9 @@ export class Generation {
   }
 
   private release(reason?: "stop"): void {
-    this.registry.delete(this);
-    if (!this.engineDone) {
-      this.engineDone = true;
-      this.engine.abort(this.request.id, reason);
-    }
+    const engineDone = this.engineDone;
+    this.engineDone = true;
+    this.sessions.end(this, engineDone, reason);
   }
 
   private onOutput(output: RequestOutput): void {
@@ -171,10 +146,8 @@ export class Generation {
     const textIds = endsOnStopToken ? ids.slice(0, -1) : ids;
     const stopReason: number | string | null =
       endsOnStopToken && output.stopTokenId !== null && this.request.stop.stopTokenIds.includes(output.stopTokenId) ? output.stopTokenId : null;
-    if (output.finished) {
-      this.engineDone = true;
-      this.registry.delete(this);
-    }
+    // The session leaves the registry with the engine's final output.
+    if (output.finished) this.engineDone = true;
     // Stop strings are not checked before min_tokens are out (vLLM).
     const checkStops = this.generatedTokens >= this.request.stop.minTokens;
     const textPromise = this.detokenizer.push(textIds, output.finished);

@@ -15,18 +15,19 @@ import { RequestRejectedError } from "../engine/engine-core.js";
 import type { SamplingParams } from "../transport/messages.js";
 import { SPEECH_CONTENT_TYPES, wavHeader } from "./audio-encoding.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
+import type { RequestSessions, SessionOwner } from "./request-session.js";
 import { parseImageRequest, parseSpeechRequest } from "./request-validation.js";
 import type { ImageGenerationSpec } from "../config/model-dir.js";
 import { randomInt } from "node:crypto";
 
-/** The engine as these endpoints use it. */
+/** The engine's graph side, as the server builds the sessions over it. */
 export interface GraphEngineHandle {
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
-  abort(requestId: string): void;
 }
 
 export interface GraphEndpointsOptions {
-  engine: GraphEngineHandle;
+  /** Where the runs' requests go (admission, metrics, the live registry, the engine). */
+  sessions: RequestSessions;
   /** The modalities the model's graph emits to the client. */
   outputModalities: readonly string[];
   unavailableReason(): string | null;
@@ -61,16 +62,17 @@ function samplingOf(temperature: number, seed: number | null): SamplingParams {
 
 /**
  * A graph request's events as a pull queue; a client that leaves aborts it
- * (everything it holds on every worker is freed).
+ * (everything it holds on every worker is freed), and failing it (shutdown,
+ * a lost worker) ends the queue with that error.
  */
-class GraphRun {
+class GraphRun implements SessionOwner {
   private readonly events: GraphEvent[] = [];
   private waiting: ((event: GraphEvent) => void) | null = null;
   private ended = false;
 
   /** request: the client whose leaving aborts the run (null: the caller watches it). */
   constructor(
-    private readonly engine: GraphEngineHandle,
+    private readonly sessions: RequestSessions,
     readonly id: string,
     request: FastifyRequest | null,
   ) {
@@ -79,7 +81,7 @@ class GraphRun {
 
   start(req: GraphRequest): void {
     try {
-      this.engine.submitGraph(req, (event) => this.push(event));
+      this.sessions.submitGraph(this, req, (event) => this.push(event));
     } catch (error) {
       if (error instanceof RequestRejectedError) throw badRequest(error.message);
       throw error;
@@ -95,11 +97,22 @@ class GraphRun {
   abort(): void {
     if (this.ended) return;
     this.ended = true;
-    this.engine.abort(this.id);
+    this.sessions.end(this, false);
+  }
+
+  fail(error: ApiError): void {
+    if (this.ended) return;
+    this.abort();
+    this.deliver({ kind: "error", message: error.message, status: error.status === 400 ? 400 : error.status === 503 ? 503 : 500 });
   }
 
   private push(event: GraphEvent): void {
+    if (this.ended) return;
     if (event.kind !== "chunk") this.ended = true;
+    this.deliver(event);
+  }
+
+  private deliver(event: GraphEvent): void {
     const waiting = this.waiting;
     if (waiting !== null) {
       this.waiting = null;
@@ -121,7 +134,7 @@ export async function handleSpeech(options: GraphEndpointsOptions, request: Fast
   const body = parseSpeechRequest(request.body);
   const id = `speech-${++nextRequestNumber}`;
   const startedAt = performance.now();
-  const run = new GraphRun(options.engine, id, request);
+  const run = new GraphRun(options.sessions, id, request);
   run.start({
     id,
     prompt: { text: body.input, inputModalities: ["text"], outputModalities: ["audio"] },
@@ -187,7 +200,7 @@ export async function handleImageGeneration(options: GraphEndpointsOptions, requ
   request.raw.socket?.once("close", abortAll);
   try {
     for (let index = 0; index < body.n; index++) {
-      const run = new GraphRun(options.engine, `${base}-${index}`, null);
+      const run = new GraphRun(options.sessions, `${base}-${index}`, null);
       runs.push(run);
       run.start({
         id: run.id,
@@ -342,7 +355,7 @@ export async function handleMultipartGenerate(options: GraphEndpointsOptions, re
   const { sampling, maxTokens, modelKwargs } = samplingFromKwargs(form.modelKwargs);
   const id = form.requestId ?? `generate-${++nextRequestNumber}`;
   const startedAt = performance.now();
-  const run = new GraphRun(options.engine, id, request);
+  const run = new GraphRun(options.sessions, id, request);
   run.start({
     id,
     prompt: { text: form.text, inputModalities, outputModalities },

@@ -131,10 +131,10 @@ function usageOf(specs: readonly ChoiceSpec[], generations: readonly Generation[
   };
 }
 
-function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[4]): Generation {
+function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[3]): Generation {
   const session = ctx.detokenizer.session(spec.request.promptIds, req.skipSpecialTokens);
   const vocabulary = ctx.tokenizer.vocabulary;
-  return new Generation(ctx.engine, ctx.registry, session, spec.request, sink, {
+  return new Generation(ctx.sessions, session, spec.request, sink, {
     stopStrings: req.stop.length > 0 ? new StopStringMatcher(req.stop, req.includeStopStrInOutput) : null,
     vocabulary,
     tokenTexts: spec.request.sampling.logprobs >= 0 ? new TokenTextSession(vocabulary, spec.request.promptIds, req.skipSpecialTokens) : null,

@@ -13,7 +13,6 @@ import { handleCompletion } from "./completions.js";
 import { batonVersion, handleDetokenize, handleGenerate, handleTokenize } from "./extra-endpoints.js";
 import type { FrontendContext } from "./context.js";
 import type { EngineHandle } from "../engine/types.js";
-import { GenerationRegistry } from "./generation.js";
 import { listModels, modelCard, retrieveModel } from "./models.js";
 import { ApiError, badRequest, serverError, type ApiErrorType } from "./openai-error.js";
 import { TokenStrings } from "./token-strings.js";
@@ -21,10 +20,10 @@ import { Admission, RETRY_AFTER_UNAVAILABLE_S } from "./admission.js";
 import { apiKeyHook } from "./auth.js";
 import type { Logger } from "../observability/logger.js";
 import type { BatonMetrics } from "../observability/metrics.js";
-import { observeEngine } from "../observability/observed-engine.js";
+import { RequestSessions } from "./request-session.js";
 import multipart from "@fastify/multipart";
 import { registerDashboard } from "./dashboard/routes.js";
-import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions } from "./graph-endpoints.js";
+import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions, type GraphEngineHandle } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
 import type { VisionPrompt } from "../config/model-dir.js";
 import { NO_MEDIA_ALLOWED, type MediaOptions } from "./media.js";
@@ -64,7 +63,7 @@ export interface ServerOptions {
   /** The grammar engine (structured output); absent: structured output requests get a 400. */
   grammars?: GrammarCompiling | null;
   /** A graph of models with non-text outputs: /v1/audio/speech, /v1/images/generations and multipart /generate. */
-  graph?: Omit<GraphEndpointsOptions, "unavailableReason"> | null;
+  graph?: (Omit<GraphEndpointsOptions, "unavailableReason" | "sessions"> & { engine: GraphEngineHandle }) | null;
   /** A vision-language model's image placement; null/undefined: image parts are a 400. */
   vision?: VisionPrompt | null;
   /** What image parts may load (default: data: URLs only, 20 MiB each). */
@@ -101,7 +100,6 @@ function errorType(status: number): ApiErrorType {
 
 export function buildServer(options: ServerOptions): BatonServer {
   const app = Fastify({ logger: false, bodyLimit: options.bodyLimitBytes ?? 64 * 1024 * 1024 });
-  const registry = new GenerationRegistry();
   let unavailable: string | null = null;
   let degraded: string | null = null;
   const metrics = options.metrics ?? null;
@@ -111,12 +109,21 @@ export function buildServer(options: ServerOptions): BatonServer {
     unavailableReason: () => unavailable,
     onReject: (reason) => metrics?.reject(reason),
   });
+  const engine = options.engine;
+  const graphEngine = options.graph?.engine ?? null;
+  const sessions = new RequestSessions(
+    {
+      submit: (req, onOutput) => engine.submit(req, onOutput),
+      abort: (id, reason) => engine.abort(id, reason),
+      submitGraph: graphEngine === null ? undefined : (req, onEvent) => graphEngine.submitGraph(req, onEvent),
+    },
+    { recorder: metrics, logger: options.logger ?? null, onSubmit: () => admission.releaseCurrent() },
+  );
   const tokenizer = options.tokenizer;
   const ctx: FrontendContext | null =
     tokenizer === null
       ? null
       : {
-    engine: observeEngine(options.engine, { recorder: metrics, logger: options.logger ?? null, onSubmit: () => admission.releaseCurrent() }),
     tokenizer,
     detokenizer: new DetokenizerBatcher(tokenizer),
     tokenStrings: new TokenStrings(tokenizer),
@@ -124,7 +131,7 @@ export function buildServer(options: ServerOptions): BatonServer {
     servedModelName: options.servedModelName,
     limits: { maxModelLen: options.maxModelLen, eosTokenIds: options.eosTokenIds, schedulingPolicy: options.schedulingPolicy ?? "fcfs" },
     vocabSize: options.vocabSize,
-    registry,
+    sessions,
     unavailableReason: () => unavailable,
     reasoningParser: options.reasoningParser ?? null,
     toolCallParser: options.toolCallParser ?? null,
@@ -214,22 +221,7 @@ export function buildServer(options: ServerOptions): BatonServer {
   });
   app.get("/v1/models", async () => listModels(card));
   app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
-  const graphEngine = options.graph?.engine;
-  const graph: GraphEndpointsOptions | null =
-    options.graph && graphEngine
-      ? {
-          ...options.graph,
-          // A graph request stops counting as queued by the frontend once the engine has it (as text requests do).
-          engine: {
-            submitGraph: (req, onEvent) => {
-              admission.releaseCurrent();
-              graphEngine.submitGraph(req, onEvent);
-            },
-            abort: (id) => graphEngine.abort(id),
-          },
-          unavailableReason: () => unavailable,
-        }
-      : null;
+  const graph: GraphEndpointsOptions | null = options.graph ? { ...options.graph, sessions, unavailableReason: () => unavailable } : null;
   // A model without text output (a speech model) answers the text endpoints with a 400 saying why.
   const textContext = (): FrontendContext => {
     if (ctx !== null) return ctx;
@@ -263,7 +255,7 @@ export function buildServer(options: ServerOptions): BatonServer {
   return {
     app,
     get inFlight() {
-      return registry.size;
+      return sessions.size;
     },
     get openGenerations() {
       return admission.openRequests;
@@ -278,7 +270,7 @@ export function buildServer(options: ServerOptions): BatonServer {
       degraded = reason;
     },
     failInFlight(error) {
-      registry.failAll(error);
+      sessions.failAll(error);
     },
   };
 }

@@ -111,6 +111,13 @@ function assertReference(png: Buffer, name: JobName, index: number): void {
 }
 
 /** The denoiser's baton:node_batch_size histogram: forwards, passes, and forwards of at most `le` passes per bucket. */
+/** Requests finished with "stop", and e2e latencies observed, so far. */
+async function requestTotals(server: RunningServer): Promise<{ stop: number; latencies: number }> {
+  const lines = (await (await fetch(`${server.url}/metrics`)).text()).split("\n");
+  const value = (prefix: string, part = ""): number => Number(lines.find((l) => l.startsWith(prefix) && l.includes(part))?.split(" ").at(-1) ?? 0);
+  return { stop: value("vllm:request_success_total", 'finished_reason="stop"'), latencies: value("vllm:e2e_request_latency_seconds_count") };
+}
+
 async function denoiserBatches(server: RunningServer): Promise<{ count: number; sum: number; buckets: Map<number, number> }> {
   const text = await (await fetch(`${server.url}/metrics`)).text();
   const lines = text.split("\n").filter((l) => l.startsWith("baton:node_batch_size") && l.includes('node="denoiser"'));
@@ -254,6 +261,15 @@ describe("demo image generation", () => {
     assert.equal(speech.status, 400);
   });
 
+  test("image requests count in the request metrics as text requests do (each of the n images is one request)", async () => {
+    const before = await requestTotals(server);
+    const res = await generate(server, { prompt: "counted", seed: 9, n: 2, size: "32x32", num_inference_steps: 2 });
+    assert.equal(res.status, 200);
+    const now = await requestTotals(server);
+    assert.equal(now.stop - before.stop, 2, "vllm:request_success_total{finished_reason=stop}");
+    assert.equal(now.latencies - before.latencies, 2, "vllm:e2e_request_latency_seconds_count");
+  });
+
   test("a client that leaves mid-request frees every tensor", async () => {
     const controller = new AbortController();
     const leaving = fetch(`${server.url}/v1/images/generations`, {
@@ -272,6 +288,23 @@ describe("demo image generation", () => {
       if (held === 0) break;
       assert.ok(Date.now() < deadline, `${held} tensors still held after the client left`);
       await new Promise((r) => setTimeout(r, 100));
+    }
+  });
+});
+
+describe("shutdown with an image request running", () => {
+  test("the request ends with the server's 503 instead of running on, and the server exits 0", async () => {
+    const server = await startServer([modelDir, "--shutdown-timeout", "0"]);
+    try {
+      const running = generate(server, { prompt: "interrupted", n: 8, size: "256x256", num_inference_steps: 50 });
+      await new Promise((r) => setTimeout(r, 500));
+      const exited = server.stop(30_000);
+      const res = await running;
+      assert.equal(res.status, 503, JSON.stringify(res.json));
+      assert.match(res.json.error?.message ?? "", /shutting down/);
+      assert.equal(await exited, 0);
+    } finally {
+      await server.stop();
     }
   });
 });
