@@ -263,8 +263,8 @@ const vectors = {
       releases: [],
       finished_requests: [],
       mask_rows: [],
-      kv_sends: [{ transfer_id: 3, request_id: "cmpl-7", peer_rank: 1, block_ids: [12, 13, 14], num_tokens: 40 }],
-      kv_loads: [{ transfer_id: 4, request_id: "cmpl-8", peer_rank: 0, block_ids: [200, 201], num_tokens: 17 }],
+      kv_sends: [{ transfer_id: 3, request_id: 7, peer_rank: 1, block_ids: [12, 13, 14], num_tokens: 40 }],
+      kv_loads: [{ transfer_id: 4, request_id: 8, peer_rank: 0, block_ids: [200, 201], num_tokens: 17 }],
       kv_cancels: [2],
     },
   },
@@ -343,7 +343,7 @@ const vectors = {
       new_block_counts: [],
       new_block_ids: [],
       sample: [],
-      prompts: [{ request_id: "speech-2", prompt: "Hello there.", input_modalities: ["text"], output_modalities: ["audio"], kwargs: { voice: "nova" }, publish: ["hidden"] }],
+      prompts: [{ request_id: 2, prompt: "Hello there.", input_modalities: ["text"], output_modalities: ["audio"], kwargs: { voice: "nova" }, publish: ["hidden"] }],
       batches: [
         {
           batch_id: 9,
@@ -352,14 +352,14 @@ const vectors = {
           passes: [
             {
               pass_id: 41,
-              request_id: "speech-1",
+              request_id: 1,
               inputs: [{ name: "new_token", values: [{ form: "tokens", handle: 0, worker: 0, ids: [300, 301, 302, 303], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }],
               chunks: [{ name: "new_token", index: 3, start: 12, context_count: 12, final: false }],
               request_kwargs: { voice: "nova" },
             },
             {
               pass_id: 42,
-              request_id: "speech-3",
+              request_id: 3,
               inputs: [{ name: "new_token", values: [{ form: "tensor", handle: 17, worker: 1, ids: [], dtype: "float32", shape: [1, 480], segment: "baton-4242-arena", offset: 1920, nbytes: 1920 }, { form: "empty", handle: 0, worker: 0, ids: [], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }],
               chunks: [],
               request_kwargs: {},
@@ -369,7 +369,7 @@ const vectors = {
         },
       ],
       releases: [5, 6],
-      finished_requests: ["speech-0"],
+      finished_requests: [10],
       mask_rows: [],
       kv_sends: [],
       kv_loads: [],
@@ -506,7 +506,7 @@ const vectors = {
       top_ids: null,
       top_logprobs: null,
       timings: { prepare_ms: 0, forward_ms: 0, sample_ms: 0 },
-      prompt_results: [{ request_id: "speech-2", error: null, values: [{ name: "text_inputs", values: [{ form: "tokens", handle: 0, worker: 0, ids: [256, 261, 72, 105, 257], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }] }],
+      prompt_results: [{ request_id: 2, error: null, values: [{ name: "text_inputs", values: [{ form: "tokens", handle: 0, worker: 0, ids: [256, 261, 72, 105, 257], dtype: "", shape: [], segment: "", offset: 0, nbytes: 0 }] }] }],
       pass_results: [
         { pass_id: 41, error: null, outputs: [], client_chunks: [{ name: "audio_chunk", modality: "audio", data: [0, 1, 255, 127], metadata: { output: "audio_chunk", sample_rate: 24000 } }], stops: [] },
         { pass_id: 42, error: "node 'codec': forward: RuntimeError: shape mismatch", outputs: [], client_chunks: [], stops: [] },

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 
 
 @dataclass
@@ -96,7 +96,7 @@ class ChunkPosition:
 @dataclass
 class NodePass:
     pass_id: int
-    request_id: str
+    request_id: int
     inputs: list[NamedValues]
     chunks: list[ChunkPosition] = dataclasses.field(default_factory=lambda: [])
     request_kwargs: Any = dataclasses.field(default_factory=lambda: {})
@@ -113,7 +113,7 @@ class PassBatch:
 
 @dataclass
 class PromptRequest:
-    request_id: str
+    request_id: int
     prompt: str | None
     input_modalities: list[str]
     output_modalities: list[str]
@@ -123,7 +123,7 @@ class PromptRequest:
 
 @dataclass
 class PromptResult:
-    request_id: str
+    request_id: int
     error: str | None = None
     values: list[NamedValues] = dataclasses.field(default_factory=lambda: [])
 
@@ -139,7 +139,7 @@ class ClientChunk:
 @dataclass
 class KvTransfer:
     transfer_id: int
-    request_id: str
+    request_id: int
     peer_rank: int
     block_ids: np.ndarray
     num_tokens: int
@@ -157,6 +157,8 @@ class PassResult:
 @dataclass
 class Step:
     """Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
+
+    A request has one id everywhere (req_id, req_ids, request_id, finished_requests): the control plane's request id, unique among live requests.
 
     removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
 
@@ -190,7 +192,7 @@ class Step:
     prompts: list[PromptRequest] = dataclasses.field(default_factory=lambda: [])
     batches: list[PassBatch] = dataclasses.field(default_factory=lambda: [])
     releases: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
-    finished_requests: list[str] = dataclasses.field(default_factory=lambda: [])
+    finished_requests: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     kv_sends: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
     kv_loads: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
@@ -339,7 +341,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
     ),
     "NodePass": (
         ("pass_id", "int", False, None),
-        ("request_id", "str", False, None),
+        ("request_id", "int", False, None),
         ("inputs", "struct[]", False, "NamedValues"),
         ("chunks", "struct[]", False, "ChunkPosition"),
         ("request_kwargs", "any", False, None),
@@ -352,7 +354,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("publish", "str[]", False, None),
     ),
     "PromptRequest": (
-        ("request_id", "str", False, None),
+        ("request_id", "int", False, None),
         ("prompt", "str", True, None),
         ("input_modalities", "str[]", False, None),
         ("output_modalities", "str[]", False, None),
@@ -360,7 +362,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("publish", "str[]", False, None),
     ),
     "PromptResult": (
-        ("request_id", "str", False, None),
+        ("request_id", "int", False, None),
         ("error", "str", True, None),
         ("values", "struct[]", False, "NamedValues"),
     ),
@@ -372,7 +374,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
     ),
     "KvTransfer": (
         ("transfer_id", "int", False, None),
-        ("request_id", "str", False, None),
+        ("request_id", "int", False, None),
         ("peer_rank", "int", False, None),
         ("block_ids", "i32[]", False, None),
         ("num_tokens", "int", False, None),
@@ -403,7 +405,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("prompts", "struct[]", False, "PromptRequest"),
             ("batches", "struct[]", False, "PassBatch"),
             ("releases", "i32[]", False, None),
-            ("finished_requests", "str[]", False, None),
+            ("finished_requests", "i32[]", False, None),
             ("mask_rows", "i32[]", False, None),
             ("kv_sends", "struct[]", False, "KvTransfer"),
             ("kv_loads", "struct[]", False, "KvTransfer"),

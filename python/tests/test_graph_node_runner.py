@@ -134,7 +134,7 @@ def pcm_s16le(samples: torch.Tensor) -> bytes:
 
 
 def codes_pass(pass_id: int, ids: list[int], **kwargs) -> NodePass:
-    return NodePass(pass_id, f"req-{pass_id}", {"codes": [TokenIds(np.array(ids, dtype=np.int32))]}, **kwargs)
+    return NodePass(pass_id, pass_id, {"codes": [TokenIds(np.array(ids, dtype=np.int32))]}, **kwargs)
 
 
 def release_outputs(runner: NodeRunner, results) -> None:
@@ -173,8 +173,8 @@ def test_tensor_inputs_client_bytes_chunk_metadata_and_stops():
     inputs = [runner.store.put(h) for h in hidden]
     chunk = ChunkInfo(index=2, start=14, context_count=21, final=True)
     passes = [
-        NodePass(10, "a", {"hidden": [inputs[0]]}, chunks={"hidden": chunk}, step_metadata={"iteration": 0}),
-        NodePass(11, "b", {"hidden": [inputs[1]]}, step_metadata={"iteration": 1}),
+        NodePass(10, 1, {"hidden": [inputs[0]]}, chunks={"hidden": chunk}, step_metadata={"iteration": 0}),
+        NodePass(11, 2, {"hidden": [inputs[1]]}, step_metadata={"iteration": 1}),
     ]
     results = runner.run("codec", "speak", passes)
 
@@ -223,7 +223,7 @@ def test_an_unknown_input_handle_fails_only_that_pass():
     results = runner.run(
         "codec",
         "speak",
-        [NodePass(0, "a", {"hidden": [TensorDescriptor(999, "float32", (2, HIDDEN))]}), NodePass(1, "b", {"hidden": [good]})],
+        [NodePass(0, 1, {"hidden": [TensorDescriptor(999, "float32", (2, HIDDEN))]}), NodePass(1, 2, {"hidden": [good]})],
     )
     assert "tensor handle 999 is not held by this worker" in results[0].error
     assert results[1].error is None
@@ -237,7 +237,7 @@ def test_a_failing_check_stop_or_postprocess_fails_only_that_pass_and_stores_not
     model = TinyTTS()
     runner = NodeRunner(model)
     inputs = [runner.store.put(torch.randn(2, HIDDEN)) for _ in range(3)]
-    passes = [NodePass(i, f"r{i}", {"hidden": [h]}, request_kwargs=kwargs if i == 1 else {}) for i, h in enumerate(inputs)]
+    passes = [NodePass(i, i, {"hidden": [h]}, request_kwargs=kwargs if i == 1 else {}) for i, h in enumerate(inputs)]
     results = runner.run("codec", "speak", passes)
 
     assert model.codec.calls == 1
@@ -265,7 +265,7 @@ def test_a_failing_forward_fails_the_whole_batch():
 def test_forward_returning_the_wrong_number_of_outputs_fails_the_batch():
     runner = NodeRunner(TinyTTS())
     h = runner.store.put(torch.randn(2, HIDDEN))
-    (result,) = runner.run("codec", "speak", [NodePass(0, "a", {"hidden": [h]}, request_kwargs={"wrong_count": True})])
+    (result,) = runner.run("codec", "speak", [NodePass(0, 1, {"hidden": [h]}, request_kwargs={"wrong_count": True})])
     assert "forward must return one output dict per pass (1)" in result.error
     runner.release_values([h])
     assert len(runner.store) == 0

@@ -77,7 +77,7 @@ def i32(values=()):
 
 def graph_step(step_id=-1, prompts=(), batches=(), releases=(), finished=()):
     e = i32()
-    return Step(step_id, [], e, e, e, e, e, e, np.zeros(0, np.uint8), list(prompts), list(batches), i32(releases), list(finished))
+    return Step(step_id, [], e, e, e, e, e, e, np.zeros(0, np.uint8), list(prompts), list(batches), i32(releases), i32(finished))
 
 
 def run(runner, step):
@@ -117,18 +117,18 @@ def test_a_prompt_request_gives_the_models_prompt_ids_and_a_bad_one_fails_alone(
         worker.graph_runner,
         graph_step(
             prompts=[
-                PromptRequest("a", TEXT, ["text"], ["audio"], {"voice": "nova"}),
-                PromptRequest("b", TEXT, ["text"], ["audio"], {"voice": "hal"}),
-                PromptRequest("c", None, ["text"], ["audio"], {}),
+                PromptRequest(1, TEXT, ["text"], ["audio"], {"voice": "nova"}),
+                PromptRequest(2, TEXT, ["text"], ["audio"], {"voice": "hal"}),
+                PromptRequest(3, None, ["text"], ["audio"], {}),
             ]
         ),
     )
     assert result.step_id == -1 and len(result.req_ids) == 0
     a, b, c = result.prompt_results
-    assert (a.request_id, a.error, [v.name for v in a.values]) == ("a", None, ["text_inputs"])
+    assert (a.request_id, a.error, [v.name for v in a.values]) == (1, None, ["text_inputs"])
     (value,) = a.values[0].values
     assert value.form == "tokens" and value.ids.tolist() == prompt_ids(TEXT, "nova", layout)
-    assert b.request_id == "b" and b.values == []
+    assert b.request_id == 2 and b.values == []
     assert b.error.startswith("process_prompt: ValueError: unknown voice 'hal'; valid voices: alloy") and "\n" not in b.error
     assert c.values[0].values[0].ids.tolist() == prompt_ids("", None, layout)  # no text, default voice
     assert len(worker.graph_runner.nodes.store) == 0  # token ids travel inline
@@ -139,8 +139,7 @@ def test_a_prompt_request_gives_the_models_prompt_ids_and_a_bad_one_fails_alone(
 
 @dataclass
 class Speech:
-    request_id: str
-    req_id: int
+    request_id: int  # the one id: the rows' req_id and the graph work's request_id
     seed: int
     temperature: float
     max_tokens: int
@@ -190,7 +189,7 @@ class Pipeline:
             known = len(s.prompt) + len(s.tokens)
             if not s.added:
                 s.added = True
-                added.append(AddedRequest(s.req_id, i32(s.prompt), len(s.prompt), SamplingParams(s.temperature, seed=s.seed)))
+                added.append(AddedRequest(s.request_id, i32(s.prompt), len(s.prompt), SamplingParams(s.temperature, seed=s.seed)))
             need = -(-known // BLOCK_SIZE) - s.blocks
             new_ids += range(self.next_block, self.next_block + need)
             self.next_block += need
@@ -212,18 +211,18 @@ class Pipeline:
             self.step_id,
             added,
             i32(removed),
-            i32(s.req_id for s, _ in rows),
+            i32(s.request_id for s, _ in rows),
             i32(n for _, n in rows),
             i32(s.computed for s, _ in rows),
             i32(counts),
             i32(new_ids),
             np.ones(len(rows), np.uint8),
             batches=[PassBatch(self.step_id, "codec", "codec_chunk", passes)] if passes else [],
-            finished_requests=finished,
+            finished_requests=i32(finished),
         )
         self.step_id += 1
         result = run(self.runner, step)
-        by_req = {s.req_id: s for s, _ in rows}
+        by_req = {s.request_id: s for s, _ in rows}
         removed, finished = [], []
         for s, n in rows:
             s.computed += n
@@ -260,9 +259,9 @@ def test_the_demo_tts_pipeline_in_one_worker_gives_the_references_tokens_and_pcm
     worker = load(model_dir, num_blocks=64)
     stream = ref.spec.stream
     speeches = [
-        Speech("speech-stop", 1, STOPPING_SEED, 1.0, 80),
-        Speech("speech-cap", 2, 7, 1.0, 40),
-        Speech("speech-cool", 3, 123, 0.8, 30),
+        Speech(1, STOPPING_SEED, 1.0, 80),
+        Speech(2, 7, 1.0, 40),
+        Speech(3, 123, 0.8, 30),
     ]
     pipeline = Pipeline(worker, stream.window_tokens, stream.stride_tokens)
     pipeline.run(speeches)
@@ -292,24 +291,24 @@ def test_a_bad_pass_fails_alone_and_a_batch_the_worker_cannot_run_fails_whole(mo
     window = items[:length]
     held = runner.nodes.store.put(torch.tensor(window, dtype=torch.int64))
     good = [
-        codec_pass(1, "ok", window, first),
-        codec_pass(6, "stored", None, first, values=[WireValue("tensor", held.handle, 0, dtype="int64", shape=[length])]),
+        codec_pass(1, 1, window, first),
+        codec_pass(6, 6, None, first, values=[WireValue("tensor", held.handle, 0, dtype="int64", shape=[length])]),
     ]
     bad = [
-        codec_pass(2, "remote", None, first, values=[WireValue("tensor", 17, 1, dtype="int64", shape=[16])]),
-        codec_pass(3, "gone", None, first, values=[WireValue("tensor", 999, 0, dtype="int64", shape=[16])]),
-        codec_pass(4, "no-chunk", window, None),
-        codec_pass(5, "odd-kwargs", window, first, kwargs=["voice"]),
-        codec_pass(7, "odd-form", None, first, values=[WireValue("blob")]),
+        codec_pass(2, 2, None, first, values=[WireValue("tensor", 17, 1, dtype="int64", shape=[16])]),
+        codec_pass(3, 3, None, first, values=[WireValue("tensor", 999, 0, dtype="int64", shape=[16])]),
+        codec_pass(4, 4, window, None),
+        codec_pass(5, 5, window, first, kwargs=["voice"]),
+        codec_pass(7, 7, None, first, values=[WireValue("blob")]),
     ]
     result = run(
         runner,
         graph_step(
             batches=[
                 PassBatch(1, "codec", "codec_chunk", [good[0], *bad, good[1]]),
-                PassBatch(2, "llm", "decode", [codec_pass(10, "a", window, first)]),
-                PassBatch(3, "vae", "codec_chunk", [codec_pass(11, "a", window, first)]),
-                PassBatch(4, "codec", "decode", [codec_pass(12, "a", window, first), codec_pass(13, "b", window, first)]),
+                PassBatch(2, "llm", "decode", [codec_pass(10, 10, window, first)]),
+                PassBatch(3, "vae", "codec_chunk", [codec_pass(11, 11, window, first)]),
+                PassBatch(4, "codec", "decode", [codec_pass(12, 12, window, first), codec_pass(13, 13, window, first)]),
             ]
         ),
     )
@@ -397,10 +396,10 @@ def test_tensor_lifetimes_and_a_failing_forward_with_a_worker_of_rank_3():
     runner = GraphStepRunner(NodeRunner(model, "cpu"), rank=3)
     store = runner.nodes.store
     prompts = [
-        PromptRequest("p1", "go", ["audio"], ["audio"], {"x": [1.0, 2.0]}),
-        PromptRequest("p2", "go", ["audio"], ["audio"], {"x": [-1.0]}),
-        PromptRequest("p3", "boom", ["audio"], ["audio"], {}),
-        PromptRequest("p4", "half", ["audio"], ["audio"], {"x": [4.0]}),
+        PromptRequest(1, "go", ["audio"], ["audio"], {"x": [1.0, 2.0]}),
+        PromptRequest(2, "go", ["audio"], ["audio"], {"x": [-1.0]}),
+        PromptRequest(3, "boom", ["audio"], ["audio"], {}),
+        PromptRequest(4, "half", ["audio"], ["audio"], {"x": [4.0]}),
     ]
     p1, p2, p3, p4 = run(runner, graph_step(prompts=prompts)).prompt_results
     x1, ids1 = p1.values
@@ -419,8 +418,8 @@ def test_tensor_lifetimes_and_a_failing_forward_with_a_worker_of_rank_3():
         runner,
         graph_step(
             batches=[
-                PassBatch(1, "double", "main", [x_pass(1, "p1", tensor)]),
-                PassBatch(2, "double", "main", [x_pass(2, "p2", p2.values[0].values[0])]),
+                PassBatch(1, "double", "main", [x_pass(1, 1, tensor)]),
+                PassBatch(2, "double", "main", [x_pass(2, 2, p2.values[0].values[0])]),
             ]
         ),
     )
@@ -435,7 +434,7 @@ def test_tensor_lifetimes_and_a_failing_forward_with_a_worker_of_rank_3():
     result = run(
         runner,
         graph_step(
-            batches=[PassBatch(3, "tail", "main", [NodePass(3, "p1", [NamedValues("h", [h])], request_kwargs={"stop": True})])],
+            batches=[PassBatch(3, "tail", "main", [NodePass(3, 1, [NamedValues("h", [h])], request_kwargs={"stop": True})])],
             releases=x_handles,
         ),
     )
@@ -451,9 +450,9 @@ def test_tensor_lifetimes_and_a_failing_forward_with_a_worker_of_rank_3():
         runner.execute(graph_step(releases=[h.handle, h.handle]))
     assert len(store) == 1
 
-    run(runner, graph_step(releases=[h.handle], finished=["p1", "p2"]))
+    run(runner, graph_step(releases=[h.handle], finished=[1, 2]))
     assert len(store) == 0 and store.total_refs() == 0
-    assert model.modules["tail"].cleaned == ["p1", "p2"]
+    assert model.modules["tail"].cleaned == [1, 2]
 
     # KV rows on a worker without a kv_cache node are a protocol error naming the field.
     rows = graph_step()
@@ -536,9 +535,9 @@ def test_an_llm_worker_and_a_codec_worker_split_the_model(spawn, model_dir, ref)
     assert codec_ready.graph == llm_ready.graph == json.loads(json.dumps(export_graph(BatonDemoTTS(model_dir))))
 
     # Two requests' chunks, one batch per step, on the codec worker.
-    streams = {name: ref.generate(prompt_ids(TEXT, "nova", ref.spec.tokens), 24, 1.0, seed)[0] for name, seed in [("a", 1), ("b", 9)]}
+    streams = {request_id: ref.generate(prompt_ids(TEXT, "nova", ref.spec.tokens), 24, 1.0, seed)[0] for request_id, seed in [(1, 1), (2, 9)]}
     chunks = {name: _chunks_for(ref, items) for name, items in streams.items()}
-    got: dict[str, list[bytes]] = {name: [] for name in streams}
+    got: dict[int, list[bytes]] = {name: [] for name in streams}
     for k in range(max(map(len, chunks.values()))):
         passes = [
             codec_pass(10 * k + i, name, streams[name][c.start : c.start + n], c)
@@ -558,7 +557,7 @@ def test_an_llm_worker_and_a_codec_worker_split_the_model(spawn, model_dir, ref)
     added = AddedRequest(7, prompt, len(prompt), SamplingParams(temperature=0.0))
     blocks = -(-len(prompt) // 8)
     step = Step(0, [added], i32(), i32([7]), i32([len(prompt)]), i32([0]), i32([blocks]), i32(range(blocks)), np.ones(1, np.uint8),
-                batches=[PassBatch(0, "codec", "codec_chunk", [codec_pass(1, "a", streams["a"][:16], chunks["a"][0][0])])])
+                batches=[PassBatch(0, "codec", "codec_chunk", [codec_pass(1, 1, streams[1][:16], chunks[1][0][0])])])
     llm.send(step)
     result = llm.recv()
     assert result.req_ids.tolist() == [7] and result.token_ids.tolist() == ref.generate(prompt.tolist(), 1, 0.0, None)[0]
@@ -582,22 +581,22 @@ def test_unknown_nodes_are_a_fatal_line(spawn, model_dir):
 def test_graph_messages_round_trip_through_the_codec():
     step = graph_step(
         -4,
-        prompts=[PromptRequest("s", None, ["text"], ["audio"], {"voice": "echo", "seed": 3})],
+        prompts=[PromptRequest(5, None, ["text"], ["audio"], {"voice": "echo", "seed": 3})],
         batches=[
             PassBatch(2, "codec", "codec_chunk", [
-                NodePass(9, "s", [NamedValues("new_token", [tokens([1, 2]), WireValue("empty"),
+                NodePass(9, 5, [NamedValues("new_token", [tokens([1, 2]), WireValue("empty"),
                                                             WireValue("tensor", 4, 1, dtype="float32", shape=[2, 3])])],
                          [ChunkPosition("new_token", 1, 4, 12, True)], {"voice": "echo"}),
             ])
         ],
         releases=[3, 4],
-        finished=["r0"],
+        finished=[7],
     )
     again = protocol.decode(protocol.encode(step))
     assert protocol.to_plain(again) == protocol.to_plain(step)
     result = protocol.StepResult(
         -4, i32(), i32(), None, None, None, None, protocol.StepTimings(0.5, 1.25, 0.0),
-        prompt_results=[protocol.PromptResult("s", None, [NamedValues("text_inputs", [tokens([256, 257])])])],
+        prompt_results=[protocol.PromptResult(5, None, [NamedValues("text_inputs", [tokens([256, 257])])])],
         pass_results=[
             protocol.PassResult(9, None, [NamedValues("h", [WireValue("tensor", 8, 1, dtype="float32", shape=[480])])],
                                 [protocol.ClientChunk("audio_chunk", "audio", np.frombuffer(b"\x01\x02", np.uint8), {"sample_rate": 24000})],

@@ -35,21 +35,21 @@ def workers():
     assert not [r.arena.name for r in made if r.arena and (SHM_DIR / r.arena.name).exists()]
 
 
-def x_pass(pass_id: int, request_id: str, value) -> NodePass:
+def x_pass(pass_id: int, request_id: int, value) -> NodePass:
     return NodePass(pass_id, request_id, [NamedValues("x", [value])])
 
 
-def h_pass(pass_id: int, request_id: str, value) -> NodePass:
+def h_pass(pass_id: int, request_id: int, value) -> NodePass:
     return NodePass(pass_id, request_id, [NamedValues("h", [value])])
 
 
 def colocated_bytes(xs: list[list[float]]) -> list[bytes]:
     one = GraphStepRunner(NodeRunner(Toy(), "cpu"), rank=0)
-    prompts = [PromptRequest(f"r{i}", "go", ["audio"], ["audio"], {"x": x}) for i, x in enumerate(xs)]
+    prompts = [PromptRequest(i, "go", ["audio"], ["audio"], {"x": x}) for i, x in enumerate(xs)]
     values = [p.values[0].values[0] for p in run(one, graph_step(prompts=prompts)).prompt_results]
-    doubled = run(one, graph_step(batches=[PassBatch(1, "double", "main", [x_pass(i, f"r{i}", v) for i, v in enumerate(values)])]))
+    doubled = run(one, graph_step(batches=[PassBatch(1, "double", "main", [x_pass(i, i, v) for i, v in enumerate(values)])]))
     hs = [r.outputs[0].values[0] for r in doubled.pass_results]
-    tails = run(one, graph_step(batches=[PassBatch(2, "tail", "main", [h_pass(i, f"r{i}", h) for i, h in enumerate(hs)])]))
+    tails = run(one, graph_step(batches=[PassBatch(2, "tail", "main", [h_pass(i, i, h) for i, h in enumerate(hs)])]))
     return [pcm_of(r) for r in tails.pass_results]
 
 
@@ -57,18 +57,18 @@ def test_an_output_published_on_rank_0_is_consumed_on_rank_1_with_the_same_bytes
     xs = [[1.0, 2.5, 3.0], [0.25] * 100]
     producer = workers(0, ["double"])
     consumer = workers(1, ["tail"], arena_bytes=None)
-    prompts = [PromptRequest(f"r{i}", "go", ["audio"], ["audio"], {"x": x}) for i, x in enumerate(xs)]
+    prompts = [PromptRequest(i, "go", ["audio"], ["audio"], {"x": x}) for i, x in enumerate(xs)]
     values = [p.values[0].values[0] for p in run(producer, graph_step(prompts=prompts)).prompt_results]
     assert all(v.segment == "" for v in values)  # consumed where it was made: not published
 
-    batch = PassBatch(1, "double", "main", [x_pass(i, f"r{i}", v) for i, v in enumerate(values)], publish=["h"])
+    batch = PassBatch(1, "double", "main", [x_pass(i, i, v) for i, v in enumerate(values)], publish=["h"])
     doubled = run(producer, graph_step(batches=[batch]))
     run(producer, graph_step(releases=[v.handle for v in values]))
     hs = [r.outputs[0].values[0] for r in doubled.pass_results]
     assert [(h.worker, h.segment, h.nbytes) for h in hs] == [(0, producer.arena.name, 12), (0, producer.arena.name, 400)]
     assert producer.arena.live_blocks == 2 and len(producer.nodes.store) == 2
 
-    tails = run(consumer, graph_step(batches=[PassBatch(2, "tail", "main", [h_pass(i, f"r{i}", h) for i, h in enumerate(hs)])]))
+    tails = run(consumer, graph_step(batches=[PassBatch(2, "tail", "main", [h_pass(i, i, h) for i, h in enumerate(hs)])]))
     assert [r.error for r in tails.pass_results] == [None, None]
     assert [pcm_of(r) for r in tails.pass_results] == colocated_bytes(xs)
     assert len(consumer.nodes.store) == 0  # copied out for the pass, nothing kept
@@ -81,11 +81,11 @@ def test_an_output_published_on_rank_0_is_consumed_on_rank_1_with_the_same_bytes
 def test_a_prompt_value_published_for_another_rank(workers):
     producer = workers(0, [])
     consumer = workers(1, ["double"], arena_bytes=None)
-    prompt = PromptRequest("r0", "go", ["audio"], ["audio"], {"x": [1.5, 2.0]}, publish=["x", "ids"])
+    prompt = PromptRequest(0, "go", ["audio"], ["audio"], {"x": [1.5, 2.0]}, publish=["x", "ids"])
     (result,) = run(producer, graph_step(prompts=[prompt])).prompt_results
     x, ids = (nv.values[0] for nv in result.values)
     assert x.segment == producer.arena.name and ids.form == "tokens" and ids.segment == ""  # token ids travel inline
-    (doubled,) = run(consumer, graph_step(batches=[PassBatch(1, "double", "main", [x_pass(1, "r0", x)])])).pass_results
+    (doubled,) = run(consumer, graph_step(batches=[PassBatch(1, "double", "main", [x_pass(1, 0, x)])])).pass_results
     assert doubled.error is None
     h = doubled.outputs[0].values[0]
     assert torch.equal(consumer.nodes.store.get(h.handle), torch.tensor([3.0, 4.0]))
@@ -95,9 +95,9 @@ def test_a_prompt_value_published_for_another_rank(workers):
 
 def test_a_tensor_that_does_not_fit_fails_its_request_only(workers):
     producer = workers(0, ["double"], arena_bytes=256)
-    prompts = [PromptRequest(f"r{i}", "go", ["audio"], ["audio"], {"x": x}) for i, x in enumerate([[1.0] * 4, [1.0] * 1000])]
+    prompts = [PromptRequest(i, "go", ["audio"], ["audio"], {"x": x}) for i, x in enumerate([[1.0] * 4, [1.0] * 1000])]
     values = [p.values[0].values[0] for p in run(producer, graph_step(prompts=prompts)).prompt_results]
-    batch = PassBatch(1, "double", "main", [x_pass(i, f"r{i}", v) for i, v in enumerate(values)], publish=["h"])
+    batch = PassBatch(1, "double", "main", [x_pass(i, i, v) for i, v in enumerate(values)], publish=["h"])
     small, big = run(producer, graph_step(batches=[batch])).pass_results
     run(producer, graph_step(releases=[v.handle for v in values]))
     assert small.error is None and small.outputs[0].values[0].segment == producer.arena.name
@@ -105,7 +105,7 @@ def test_a_tensor_that_does_not_fit_fails_its_request_only(workers):
     assert big.outputs == [] and len(producer.nodes.store) == 1 and producer.arena.live_blocks == 1
 
     # A prompt value that does not fit refuses the request, and stores nothing.
-    big_prompt = PromptRequest("r2", "go", ["audio"], ["audio"], {"x": [1.0] * 1000}, publish=["x"])
+    big_prompt = PromptRequest(2, "go", ["audio"], ["audio"], {"x": [1.0] * 1000}, publish=["x"])
     (refused,) = run(producer, graph_step(prompts=[big_prompt])).prompt_results
     assert refused.error.startswith("process_prompt: shared-memory arena") and refused.values == []
     assert len(producer.nodes.store) == 1
@@ -113,17 +113,17 @@ def test_a_tensor_that_does_not_fit_fails_its_request_only(workers):
 
 def test_a_worker_without_an_arena_refuses_to_publish_and_a_vanished_segment_fails_the_pass(workers):
     producer = workers(0, [], arena_bytes=None)
-    prompt = PromptRequest("r0", "go", ["audio"], ["audio"], {"x": [1.0]}, publish=["x"])
+    prompt = PromptRequest(0, "go", ["audio"], ["audio"], {"x": [1.0]}, publish=["x"])
     (refused,) = run(producer, graph_step(prompts=[prompt])).prompt_results
     assert refused.error == "process_prompt: worker 0 has no shared-memory arena (--shm-bytes) to publish 'x'"
     assert len(producer.nodes.store) == 0
 
     other = workers(2, [])
-    (ok,) = run(other, graph_step(prompts=[PromptRequest("r1", "go", ["audio"], ["audio"], {"x": [1.0]}, publish=["x"])])).prompt_results
+    (ok,) = run(other, graph_step(prompts=[PromptRequest(1, "go", ["audio"], ["audio"], {"x": [1.0]}, publish=["x"])])).prompt_results
     x = ok.values[0].values[0]
     other.arena.close()  # its worker exited
     consumer = workers(1, ["double"], arena_bytes=None)
-    (failed,) = run(consumer, graph_step(batches=[PassBatch(1, "double", "main", [x_pass(1, "r1", x)])])).pass_results
+    (failed,) = run(consumer, graph_step(batches=[PassBatch(1, "double", "main", [x_pass(1, 1, x)])])).pass_results
     assert failed.error == f"node 'double': inputs: input 'x' from worker 2: shared-memory segment {x.segment} is gone (its worker exited)"
 
 

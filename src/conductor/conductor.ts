@@ -13,6 +13,7 @@
 // per owner worker at the end of each call. Values handed to clientOutput are
 // the sink's to forward; they stay valid until that call's releases.
 
+import type { RequestId } from "../engine/types.js";
 import { chunkStart, nextChunk, type StreamChunk } from "../graph/chunk-policy.js";
 import {
   ROUTE_CLIENT,
@@ -35,7 +36,7 @@ import { NO_VALUES, type TensorValue, type Value, type Values } from "./values.j
 
 export interface ReadyPass {
   readonly passId: number;
-  readonly requestId: string;
+  readonly requestId: RequestId;
   readonly walkNode: CompiledWalkNode;
   /** Aligned with walkNode.inputNames. */
   readonly inputs: readonly Values[];
@@ -62,7 +63,7 @@ export interface ClientOutputMeta {
 }
 
 export interface KvStart {
-  readonly requestId: string;
+  readonly requestId: RequestId;
   readonly walkNode: CompiledWalkNode;
   readonly inputs: readonly Values[];
   /** The engine-core request already runs (e.g. decode after prefill): nothing to start. */
@@ -71,20 +72,20 @@ export interface KvStart {
 
 export interface ConductorSink {
   /** In production order per request; requestDone comes after the last one. */
-  clientOutput(requestId: string, output: CompiledClientOutput, values: Values, meta: ClientOutputMeta): void;
+  clientOutput(requestId: RequestId, output: CompiledClientOutput, values: Values, meta: ClientOutputMeta): void;
   /**
    * clientOutput of one sampled token, as a decode loop's iteration gives it
    * (the id itself: no value is built for the hottest path of a plain LLM).
    */
-  clientToken(requestId: string, output: CompiledClientOutput, tokenId: number, meta: ClientOutputMeta): void;
-  requestDone(requestId: string): void;
-  requestFailed(requestId: string, message: string): void;
+  clientToken(requestId: RequestId, output: CompiledClientOutput, tokenId: number, meta: ClientOutputMeta): void;
+  requestDone(requestId: RequestId): void;
+  requestFailed(requestId: RequestId, message: string): void;
   /** The control plane no longer refers to these tensors of `worker`. */
   release(worker: number, handles: readonly number[]): void;
   /** A kv_cache node's pass is ready: start (or keep running) its engine-core request. */
   kvStart(start: KvStart): void;
   /** Stop the engine-core request of a kv_cache node (a loop stopped, the request ended). */
-  kvStop(requestId: string, node: CompiledNode): void;
+  kvStop(requestId: RequestId, node: CompiledNode): void;
 }
 
 export interface AdmitOptions {
@@ -107,7 +108,7 @@ interface BatchRecord {
 }
 
 export class Conductor {
-  private readonly requests = new Map<string, RequestState>();
+  private readonly requests = new Map<RequestId, RequestState>();
   private readonly passes = new Map<number, PassRecord>();
   /** Sum of every live request's refs.size, kept as they change (the gauge is read every step). */
   private heldCount = 0;
@@ -177,7 +178,7 @@ export class Conductor {
     return this.requests.size;
   }
 
-  has(requestId: string): boolean {
+  has(requestId: RequestId): boolean {
     return this.requests.has(requestId);
   }
 
@@ -187,7 +188,7 @@ export class Conductor {
   }
 
   /** Tensors a live request refers to (for leak checks). */
-  heldTensors(requestId: string): readonly TensorValue[] {
+  heldTensors(requestId: RequestId): readonly TensorValue[] {
     return [...(this.requests.get(requestId)?.refs.keys() ?? [])];
   }
 
@@ -197,7 +198,7 @@ export class Conductor {
    * Admits a request: its prompt values by name (process_prompt's result) and
    * each partition's start step. A prompt name no step reads is released.
    */
-  admit(requestId: string, prompt: ReadonlyMap<string, Values>, options: AdmitOptions = {}): void {
+  admit(requestId: RequestId, prompt: ReadonlyMap<string, Values>, options: AdmitOptions = {}): void {
     if (this.requests.has(requestId)) throw new ConductorError(`request ${requestId} is already admitted`);
     const inactive = options.inactivePartitions ?? [];
     for (const name of inactive) {
@@ -283,7 +284,7 @@ export class Conductor {
    * outside any loop it ends the partition with its walk. Tokens after a stop are
    * discarded.
    */
-  kvToken(requestId: string, node: CompiledNode, tokenId: number, finish: string | null): void {
+  kvToken(requestId: RequestId, node: CompiledNode, tokenId: number, finish: string | null): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);
@@ -323,7 +324,7 @@ export class Conductor {
    * A kv_cache node's pass whose result is tensors rather than one sampled
    * token (BAGEL's LLM in a denoising loop): outputs by name, loops it stops.
    */
-  kvComplete(requestId: string, node: CompiledNode, outputs: ReadonlyMap<string, Values>, stops: readonly string[] = []): void {
+  kvComplete(requestId: RequestId, node: CompiledNode, outputs: ReadonlyMap<string, Values>, stops: readonly string[] = []): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);
@@ -391,7 +392,7 @@ export class Conductor {
   }
 
   /** A per-request failure (input preparation, check_stop, postprocess): fails that request only. */
-  failRequest(requestId: string, message: string): void {
+  failRequest(requestId: RequestId, message: string): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);
@@ -426,7 +427,7 @@ export class Conductor {
   }
 
   /** The client went away: frees everything the request holds, reports nothing else. */
-  abort(requestId: string): void {
+  abort(requestId: RequestId): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);

@@ -19,7 +19,7 @@
 
 import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput, StopConditions } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestId, RequestOutput, StopConditions } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
 import type { StepMasks } from "../engine/step-masks.js";
@@ -37,7 +37,7 @@ type KvNodeEngine = EngineCore | DisaggregatedCore;
 
 /** A request for a graph's own outputs (audio, images...), as /generate and /v1/audio/speech make them. */
 export interface GraphRequest {
-  id: string;
+  id: RequestId;
   /** Input for the model's process_prompt (run on the worker); null with `values`. */
   prompt: { text: string | null; inputModalities: string[]; outputModalities: string[] } | null;
   /** The prompt's values by name when the caller has them (token ids). */
@@ -101,7 +101,7 @@ export interface GraphEngineOptions {
 }
 
 interface LiveRequest {
-  readonly id: string;
+  readonly id: RequestId;
   /** Text requests (submit): their client, and what the engine core asked for. */
   readonly onOutput: OutputCallback | null;
   readonly onEvent: GraphEventCallback | null;
@@ -140,7 +140,7 @@ export class GraphEngine implements LaneListener {
   private readonly coreLanes: (WorkerLane | null)[];
   private readonly primaryCore: KvNodeEngine | null;
   private readonly configs: (EngineConfig | null)[];
-  private readonly live = new Map<string, LiveRequest>();
+  private readonly live = new Map<RequestId, LiveRequest>();
   /** Where each (node id, walk id) runs. */
   private readonly rankOfWalkNode: number[];
   /** What each producer copies to shared memory for consumers on other ranks. */
@@ -379,10 +379,10 @@ export class GraphEngine implements LaneListener {
     }
   }
 
-  private readonly admitAfterPrompt = new Map<string, string[]>();
+  private readonly admitAfterPrompt = new Map<RequestId, string[]>();
 
   /** The client went away: everything the request holds is freed; its last output says "abort". */
-  abort(requestId: string): void {
+  abort(requestId: RequestId): void {
     const req = this.live.get(requestId);
     if (req === undefined) return;
     const admitted = req.admitted;
@@ -401,14 +401,14 @@ export class GraphEngine implements LaneListener {
     for (const c of this.cores) c?.checkIntegrity();
   }
 
-  private checkNew(id: string): void {
+  private checkNew(id: RequestId): void {
     if (this.closed) throw new RequestRejectedError(`request ${id}: the engine is shutting down`);
     if (this.goneReason !== null) throw new RequestRejectedError(`request ${id}: ${this.goneReason}`);
     if (this.live.has(id)) throw new RequestRejectedError(`request ${id}: a request with this id is already running`);
   }
 
   private track(
-    id: string,
+    id: RequestId,
     onOutput: OutputCallback | null,
     onEvent: GraphEventCallback | null,
     engineRequest: EngineRequest,
@@ -487,7 +487,7 @@ export class GraphEngine implements LaneListener {
 
   // ------------------------------------------------------------ conductor sink
 
-  private onClientOutput(requestId: string, _output: CompiledClientOutput, values: Values, _meta: ClientOutputMeta): void {
+  private onClientOutput(requestId: RequestId, _output: CompiledClientOutput, values: Values, _meta: ClientOutputMeta): void {
     const req = this.live.get(requestId);
     if (req === undefined) return;
     if (req.onOutput !== null) {
@@ -508,7 +508,7 @@ export class GraphEngine implements LaneListener {
     }
   }
 
-  private onClientToken(requestId: string, output: CompiledClientOutput, tokenId: number): void {
+  private onClientToken(requestId: RequestId, output: CompiledClientOutput, tokenId: number): void {
     // Usually the request whose engine-core output is being passed to the conductor.
     const current = this.currentOutput;
     const req = current !== null && current.id === requestId ? current : this.live.get(requestId);
@@ -519,7 +519,7 @@ export class GraphEngine implements LaneListener {
     } else req.onEvent!({ kind: "chunk", name: output.name, modality: output.modality, data: new Uint8Array(0), metadata: { token_ids: [tokenId] } });
   }
 
-  private onRequestEnded(requestId: string, error: string | null): void {
+  private onRequestEnded(requestId: RequestId, error: string | null): void {
     const req = this.live.get(requestId);
     if (req === undefined) return;
     if (error === null) this.end(req, req.coreOutput?.finishReason ?? "length", null);
@@ -566,7 +566,7 @@ export class GraphEngine implements LaneListener {
     }
   }
 
-  private onKvStop(requestId: string): void {
+  private onKvStop(requestId: RequestId): void {
     const req = this.live.get(requestId);
     if (req !== undefined) req.kvStopped = true;
     // Outside the conductor call: the core's abort output comes back synchronously.
@@ -662,7 +662,7 @@ export class GraphEngine implements LaneListener {
     if (this.lanes.length > 1) for (const b of work.batches) this.remoteReads.answered(lane.rank, b);
   }
 
-  private onPromptResult(lane: WorkerLane, requestId: string, result: PromptResult | undefined): void {
+  private onPromptResult(lane: WorkerLane, requestId: RequestId, result: PromptResult | undefined): void {
     const inactive = this.admitAfterPrompt.get(requestId) ?? [];
     this.admitAfterPrompt.delete(requestId);
     const req = this.live.get(requestId);

@@ -2,6 +2,7 @@
 // (walk nodes, slots, sections, loops, captures, partitions, connections,
 // nodes). Nothing of the graph is copied; admission allocates these arrays.
 
+import type { RequestId } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { StreamChunk } from "../graph/chunk-policy.js";
 import type { TensorValue, Values } from "./values.js";
@@ -63,7 +64,7 @@ export class RequestState {
   readonly refs = new Map<TensorValue, number>();
 
   constructor(
-    readonly id: string,
+    readonly id: RequestId,
     graph: CompiledGraph,
   ) {
     const walkNodes = graph.walkNodes.length;

@@ -17,6 +17,7 @@
 // (tensor releases, ended requests) and fails the graph work still waiting;
 // after a restart it sends to the new worker (replaceClient).
 
+import type { RequestId } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import type { KvTransfer, PassBatch, PromptRequest, ReadyMessage, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 import type { WorkerClient } from "../worker/types.js";
@@ -45,7 +46,7 @@ export class WorkerLane implements StepExecutor {
   private prompts: PromptRequest[] = [];
   private batches: PassBatch[] = [];
   private releases: number[] = [];
-  private finished: string[] = [];
+  private finished: RequestId[] = [];
   /** KV blocks this (prefill) worker sends to a decode worker (KV connector). */
   private kvSends: KvTransfer[] = [];
   private inFlight = 0;
@@ -125,7 +126,7 @@ export class WorkerLane implements StepExecutor {
     this.kick();
   }
 
-  requestEnded(requestId: string): void {
+  requestEnded(requestId: RequestId): void {
     if (this.down) return;
     this.finished.push(requestId);
     this.kick();
@@ -191,7 +192,7 @@ export class WorkerLane implements StepExecutor {
       this.releases = [];
     }
     if (this.finished.length > 0) {
-      message.finished_requests = this.finished;
+      message.finished_requests = Int32Array.from(this.finished);
       this.finished = [];
     }
     if (this.kvSends.length > 0) {
@@ -244,7 +245,7 @@ export class WorkerLane implements StepExecutor {
 export function mergeBatches(batches: readonly PassBatch[]): PassBatch[] {
   if (batches.length < 2) return batches.slice();
   const merged: PassBatch[] = [];
-  const open = new Map<string, { batch: PassBatch; requests: Set<string> }>();
+  const open = new Map<string, { batch: PassBatch; requests: Set<RequestId> }>();
   for (const b of batches) {
     const key = `${b.node}\u0000${b.walk}`;
     const target = open.get(key);
@@ -276,7 +277,7 @@ function graphOnlyStep(): StepMessage {
     prompts: [],
     batches: [],
     releases: NO_INTS,
-    finished_requests: [],
+    finished_requests: NO_INTS,
     mask_rows: NO_INTS,
     kv_sends: [],
     kv_loads: [],

@@ -17,7 +17,7 @@ import { EngineStartError, type DataParallelOptions, type ServingEngine, type Se
 import type { WorkerHealthEvent } from "../worker/types.js";
 import { EMPTY_STATS, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -57,7 +57,7 @@ export function replicaCudaDevice(replica: number, device: string, env: NodeJS.P
 export class DataParallelEngine implements ServingEngine {
   private readonly states: ReplicaState[];
   /** Live request id -> its replica. */
-  private readonly placement = new Map<string, number>();
+  private readonly placement = new Map<RequestId, number>();
   private readonly listeners: ((event: WorkerHealthEvent) => void)[] = [];
   private closing: Promise<void> | null = null;
   readonly timings: { recent(limit?: number): StepTiming[] };
@@ -213,7 +213,7 @@ export class DataParallelEngine implements ServingEngine {
     });
   }
 
-  abort(requestId: string, reason?: "stop"): void {
+  abort(requestId: RequestId, reason?: "stop"): void {
     const replica = this.placement.get(requestId);
     if (replica !== undefined) this.replicas[replica]?.abort(requestId, reason);
   }

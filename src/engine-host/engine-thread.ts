@@ -19,7 +19,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Worker } from "node:worker_threads";
 import { checkSubmittable, endingOutput, RequestRejectedError, type EngineConfig, type EngineStats, type SubmitLimits } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestId, RequestOutput } from "../engine/types.js";
 import type { GraphEvent, GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -37,7 +37,7 @@ export interface EngineThreadOptions extends ServingEngineOptions {
 }
 
 interface LiveRequest {
-  id: string;
+  id: RequestId;
   /** Text requests. */
   onOutput: OutputCallback | null;
   /** Graph requests. */
@@ -94,11 +94,9 @@ export class EngineThread implements ServingEngine {
   private latest: EngineStats;
   private numSubmitsPosted = 0;
   private numSubmitsTaken = 0;
-  private nextHandle = 1;
-  private readonly live = new Map<number, LiveRequest>();
-  private readonly handles = new Map<string, number>();
+  private readonly live = new Map<RequestId, LiveRequest>();
   /** Outputs received and not yet delivered, merged per request (see deliver()). */
-  private readonly pending = new Map<number, RequestOutput>();
+  private readonly pending = new Map<RequestId, RequestOutput>();
   private deliveryScheduled = false;
   private readonly workerListeners: ((event: WorkerHealthEvent) => void)[] = [];
   /** Every model worker's process id, by rank (a restart changes its rank's). */
@@ -236,30 +234,25 @@ export class EngineThread implements ServingEngine {
 
   submit(req: EngineRequest, onOutput: OutputCallback): void {
     if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
-    if (this.handles.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     checkSubmittable(req, this.limits);
-    const handle = this.nextHandle++;
-    this.live.set(handle, { id: req.id, onOutput, onEvent: null });
-    this.handles.set(req.id, handle);
+    this.live.set(req.id, { id: req.id, onOutput, onEvent: null });
     this.numSubmitsPosted++;
-    this.post({ kind: "submit", handle, request: req });
+    this.post({ kind: "submit", request: req });
   }
 
   /** Checked in the engine thread: a refusal arrives as an error event (status 400). */
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void {
     if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
-    if (this.handles.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
-    const handle = this.nextHandle++;
-    this.live.set(handle, { id: req.id, onOutput: null, onEvent });
-    this.handles.set(req.id, handle);
+    if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    this.live.set(req.id, { id: req.id, onOutput: null, onEvent });
     this.numSubmitsPosted++;
-    this.post({ kind: "submit-graph", handle, request: req });
+    this.post({ kind: "submit-graph", request: req });
   }
 
-  abort(requestId: string): void {
-    const handle = this.handles.get(requestId);
-    if (handle === undefined || this.state === "closed") return;
-    this.post({ kind: "abort", handle });
+  abort(requestId: RequestId): void {
+    if (!this.live.has(requestId) || this.state === "closed") return;
+    this.post({ kind: "abort", id: requestId });
   }
 
   onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void {
@@ -316,9 +309,9 @@ export class EngineThread implements ServingEngine {
     if (this.options.onStepRecords !== undefined && message.records.length > 0) this.options.onStepRecords(message.records, message.stats);
     const plain = message.plain;
     for (let i = 0; i + 2 < plain.length; i += 3) {
-      const handle = plain[i] as number;
-      this.queue(handle, {
-        requestId: "",
+      const id = plain[i] as number;
+      this.queue(id, {
+        requestId: id,
         newTokenIds: [plain[i + 1] as number],
         logprobs: null,
         finished: false,
@@ -328,7 +321,7 @@ export class EngineThread implements ServingEngine {
         error: null,
       });
     }
-    for (const { handle, output } of message.rich) this.queue(handle, { requestId: "", ...output });
+    for (const { id, output } of message.rich) this.queue(id, { requestId: id, ...output });
     const graph = message.graph;
     if (graph !== null) {
       this.latestNodes = graph.nodes;
@@ -336,7 +329,7 @@ export class EngineThread implements ServingEngine {
       for (const s of graph.nodeSteps) this.nodeSteps.push(s);
       if (this.nodeSteps.length > 4096) this.nodeSteps.splice(0, this.nodeSteps.length - 4096);
       // Graph events go out at once and in order (no merging: each chunk is the client's next bytes).
-      for (const { handle, event } of graph.events) this.deliverEvent(handle, event);
+      for (const { id, event } of graph.events) this.deliverEvent(id, event);
     }
     if (!this.deliveryScheduled && this.pending.size > 0) {
       this.deliveryScheduled = true;
@@ -346,10 +339,10 @@ export class EngineThread implements ServingEngine {
   }
 
   /** Adds an output to its request's pending one (tokens appended; the later one's ending wins). */
-  private queue(handle: number, output: RequestOutput): void {
-    const before = this.pending.get(handle);
+  private queue(id: RequestId, output: RequestOutput): void {
+    const before = this.pending.get(id);
     if (before === undefined) {
-      this.pending.set(handle, output);
+      this.pending.set(id, output);
       return;
     }
     before.newTokenIds.push(...output.newTokenIds);
@@ -365,26 +358,19 @@ export class EngineThread implements ServingEngine {
 
   private deliver(): void {
     this.deliveryScheduled = false;
-    for (const [handle, output] of this.pending) {
-      this.pending.delete(handle);
-      const request = this.live.get(handle);
+    for (const [id, output] of this.pending) {
+      this.pending.delete(id);
+      const request = this.live.get(id);
       if (request === undefined) continue;
-      if (output.finished) {
-        this.live.delete(handle);
-        this.handles.delete(request.id);
-      }
-      output.requestId = request.id;
+      if (output.finished) this.live.delete(id);
       this.callBack(request, output);
     }
   }
 
-  private deliverEvent(handle: number, event: GraphEvent): void {
-    const request = this.live.get(handle);
+  private deliverEvent(id: RequestId, event: GraphEvent): void {
+    const request = this.live.get(id);
     if (request === undefined || request.onEvent === null) return;
-    if (event.kind !== "chunk") {
-      this.live.delete(handle);
-      this.handles.delete(request.id);
-    }
+    if (event.kind !== "chunk") this.live.delete(id);
     try {
       request.onEvent(event);
     } catch {
@@ -395,13 +381,12 @@ export class EngineThread implements ServingEngine {
   /** Ends every live request with this reason. */
   private failAll(message: string, reason: "error" | "abort" = "error"): void {
     this.deliver();
-    for (const [handle, request] of [...this.live]) {
+    for (const [id, request] of [...this.live]) {
       if (request.onEvent !== null) {
-        this.deliverEvent(handle, { kind: "error", message, status: 500 });
+        this.deliverEvent(id, { kind: "error", message, status: 500 });
         continue;
       }
-      this.live.delete(handle);
-      this.handles.delete(request.id);
+      this.live.delete(id);
       this.callBack(request, endingOutput(request.id, reason, message));
     }
   }

@@ -7,7 +7,7 @@ import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from
 import type { EngineConfig, EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import { stepMasks } from "../engine/step-masks.js";
-import type { EngineRequest, OutputCallback } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -107,7 +107,7 @@ export class InProcessEngine implements ServingEngine {
     this.engine.submitGraph(req, onEvent);
   }
 
-  abort(requestId: string): void {
+  abort(requestId: RequestId): void {
     this.engine.abort(requestId);
   }
 

@@ -14,7 +14,7 @@ import type { EngineSettings } from "./types.js";
 import type { WorkerHealthEvent } from "../worker/types.js";
 import type { RestartPolicy } from "../worker/supervisor.js";
 import type { StepTiming } from "../engine/step-timings.js";
-import type { EngineRequest, RequestOutput } from "../engine/types.js";
+import type { EngineRequest, RequestId, RequestOutput } from "../engine/types.js";
 import type { MessagePort } from "node:worker_threads";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
@@ -36,20 +36,17 @@ export interface EngineThreadInit {
 
 export interface SubmitMessage {
   kind: "submit";
-  /** Small int naming the request between the threads. */
-  handle: number;
   request: EngineRequest;
 }
 
 export interface SubmitGraphMessage {
   kind: "submit-graph";
-  handle: number;
   request: GraphRequest;
 }
 
 export interface AbortMessage {
   kind: "abort";
-  handle: number;
+  id: RequestId;
 }
 
 /** Stop: end live requests, shut the model worker down, then the thread. */
@@ -96,7 +93,7 @@ export interface StartFailedMessage {
 
 /** An output that does not fit the packed form. */
 export interface RichOutput {
-  handle: number;
+  id: RequestId;
   output: Omit<RequestOutput, "requestId">;
 }
 
@@ -119,7 +116,7 @@ export interface StepRecord {
 
 export interface OutputsMessage {
   kind: "outputs";
-  /** [handle, token id, cached prompt tokens] per plain output. */
+  /** [request id, token id, cached prompt tokens] per plain output. */
   plain: Int32Array;
   rich: RichOutput[];
   /** The engine after these outputs. */
@@ -136,7 +133,7 @@ export interface OutputsMessage {
 
 export interface GraphOutputs {
   /** Graph requests' events, in order (chunk bytes are transferred). */
-  events: { handle: number; event: GraphEvent }[];
+  events: { id: RequestId; event: GraphEvent }[];
   nodes: NodeStats[];
   nodeSteps: NodeStepSample[];
   heldTensors: number;

@@ -13,7 +13,7 @@ import { GraphEngine, type GraphEngineOptions, type GraphEventCallback, type Gra
 import { WorkerLane, type LaneListener } from "../conductor/worker-lane.js";
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, TokenCallback } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestId, TokenCallback } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import { DisaggregatedCore } from "../kv-connector/disaggregated-core.js";
 import type { WorkerClient } from "../worker/types.js";
@@ -28,7 +28,7 @@ export interface ModelEngine {
   submit(req: EngineRequest, onOutput: OutputCallback, onToken?: TokenCallback | null): void;
   /** A request for the graph's own outputs (audio, images). */
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
-  abort(requestId: string): void;
+  abort(requestId: RequestId): void;
   nodeStats(): NodeStats[];
   takeStepSamples(): NodeStepSample[];
   heldTensors(): number;
@@ -139,7 +139,7 @@ export class LlmEngine implements ModelEngine {
     throw new RequestRejectedError(`request ${req.id}: a plain LLM has no graph outputs; use the text endpoints`);
   }
 
-  abort(requestId: string): void {
+  abort(requestId: RequestId): void {
     this.engine.abort(requestId);
   }
 

@@ -12,7 +12,7 @@ import { parentPort, workerData } from "node:worker_threads";
 import { GraphEngine, type GraphEvent } from "../conductor/graph-engine.js";
 import { DeploymentError } from "../config/deployment.js";
 import { endingOutput } from "../engine/engine-core.js";
-import type { RequestOutput } from "../engine/types.js";
+import type { RequestId, RequestOutput } from "../engine/types.js";
 import { killAllWorkersSync, shutdownAllWorkers, type WorkerSupervisor } from "../worker/supervisor.js";
 import { WorkerStartError } from "../worker/types.js";
 import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
@@ -32,11 +32,11 @@ function post(message: EngineToMainMessage, transfer: ArrayBuffer[] = []): void 
 
 /** Collects the outputs of one step and posts them together (one message per step). */
 class Outbox {
-  /** [handle, token id, cached prompt tokens] per plain output, filled up to plainLength. */
+  /** [request id, token id, cached prompt tokens] per plain output, filled up to plainLength. */
   private plain = new Int32Array(3 * 256);
   private plainLength = 0;
   private rich: RichOutput[] = [];
-  private graph: { handle: number; event: GraphEvent }[] = [];
+  private graph: { id: RequestId; event: GraphEvent }[] = [];
   private scheduled = false;
   private numStepsPosted = 0;
   numSubmitsTaken = 0;
@@ -46,30 +46,30 @@ class Outbox {
     private readonly recorder: StepRecorder | null,
   ) {}
 
-  addEvent(handle: number, event: GraphEvent): void {
-    this.graph.push({ handle, event });
+  addEvent(id: RequestId, event: GraphEvent): void {
+    this.graph.push({ id, event });
     this.schedule();
   }
 
-  add(handle: number, output: RequestOutput): void {
+  add(output: RequestOutput): void {
     const ids = output.newTokenIds;
     if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && !output.finished && output.error === null) {
-      this.addToken(handle, ids[0] as number, output.numCachedTokens);
+      this.addToken(output.requestId, ids[0] as number, output.numCachedTokens);
       return;
     }
-    const { requestId: _id, ...rest } = output;
-    this.rich.push({ handle, output: rest });
+    const { requestId: id, ...rest } = output;
+    this.rich.push({ id, output: rest });
     this.schedule();
   }
 
   /** A plain output (one token, nothing else). */
-  addToken(handle: number, tokenId: number, numCachedTokens: number): void {
+  addToken(id: RequestId, tokenId: number, numCachedTokens: number): void {
     if (this.plainLength + 3 > this.plain.length) {
       const grown = new Int32Array(this.plain.length * 2);
       grown.set(this.plain);
       this.plain = grown;
     }
-    this.plain[this.plainLength] = handle;
+    this.plain[this.plainLength] = id;
     this.plain[this.plainLength + 1] = tokenId;
     this.plain[this.plainLength + 2] = numCachedTokens;
     this.plainLength += 3;
@@ -127,8 +127,6 @@ let grammarLink = init.grammar ?? null;
 let core: ModelEngine | null = null;
 let outbox: Outbox | null = null;
 let closing = false;
-/** Engine request id of each live handle. */
-const requestIds = new Map<number, string>();
 
 async function start(): Promise<void> {
   let started;
@@ -196,7 +194,7 @@ async function start(): Promise<void> {
   post({ kind: "ready", ready, pids: workers.map((w) => w.pid), config });
 }
 
-function submit({ handle, request }: SubmitMessage): void {
+function submit({ request }: SubmitMessage): void {
   const engine = core;
   const box = outbox;
   if (engine === null || box === null) return;
@@ -204,35 +202,27 @@ function submit({ handle, request }: SubmitMessage): void {
   try {
     engine.submit(
       request,
-      (output) => {
-        if (output.finished) requestIds.delete(handle);
-        box.add(handle, output);
-      },
+      (output) => box.add(output),
       (tokenId, numCachedTokens) => {
-        box.addToken(handle, tokenId, numCachedTokens);
+        box.addToken(request.id, tokenId, numCachedTokens);
         return true;
       },
     );
-    requestIds.set(handle, request.id);
   } catch (error) {
     // The main thread checks what it can before posting; whatever slips through ends the request here.
-    box.add(handle, endingOutput(request.id, "error", (error as Error).message));
+    box.add(endingOutput(request.id, "error", (error as Error).message));
   }
 }
 
-function submitGraph({ handle, request }: SubmitGraphMessage): void {
+function submitGraph({ request }: SubmitGraphMessage): void {
   const engine = core;
   const box = outbox;
   if (engine === null || box === null) return;
   box.numSubmitsTaken++;
   try {
-    engine.submitGraph(request, (event) => {
-      if (event.kind !== "chunk") requestIds.delete(handle);
-      box.addEvent(handle, event);
-    });
-    requestIds.set(handle, request.id);
+    engine.submitGraph(request, (event) => box.addEvent(request.id, event));
   } catch (error) {
-    box.addEvent(handle, { kind: "error", message: (error as Error).message, status: 400 });
+    box.addEvent(request.id, { kind: "error", message: (error as Error).message, status: 400 });
   }
 }
 
@@ -259,11 +249,9 @@ port.on("message", (message: MainToEngineMessage) => {
     case "submit-graph":
       submitGraph(message);
       break;
-    case "abort": {
-      const id = requestIds.get(message.handle);
-      if (id !== undefined) core?.abort(id);
+    case "abort":
+      core?.abort(message.id);
       break;
-    }
     case "close":
       void close();
       break;

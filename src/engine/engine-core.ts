@@ -25,12 +25,8 @@
 //   live requests are not failed. The engine holds every request's tokens, so
 //   it frees their blocks, sends no step until replaceExecutor() brings the
 //   restarted worker, and then recomputes them as after a preemption: their
-//   outputs simply continue. A request carried over more than
-//   maxRequestMigrations times ends with "abort" and the reason. Requests
-//   that were being added to the worker when it died are suspects: they come
-//   back one at a time, and a death while a suspect is being added again is
-//   charged to it alone, so a request that crashes the worker every time
-//   fails by itself and the others go on.
+//   outputs simply continue. Who is charged, who ends and how suspects come
+//   back is recovery.ts's.
 // - close() stops admissions, ends live requests with "abort" (after the step
 //   in flight) and resolves when the loop is idle. It does not stop the worker.
 //
@@ -58,9 +54,7 @@
 //
 // Prompt logprobs (EngineRequest.promptLogprobs >= 0): such a request skips
 // prefix-cache hits (cached positions have no logits), so the worker scores
-// every prompt position as its chunks run; the entries gather on the Request
-// (a prompt recomputed after preemption adds none twice) and go out once,
-// with the request's first generated token.
+// every prompt position as its chunks run; logprobs.ts gathers the entries.
 //
 // Structured output (a request with a grammar, given a StepMasks): a step's
 // grammar-constrained rows are marked in the Step, and their masks go to the
@@ -83,12 +77,13 @@ import type { StepMessage, StepResultMessage } from "../transport/messages.js";
 import { BlockManager } from "./block-manager.js";
 import { Request } from "./request.js";
 import { Scheduler, type KvLoad, type SchedulerOutput } from "./scheduler.js";
+import { collectPromptLogprobs, tokenLogprob } from "./logprobs.js";
+import { WorkerLossRecovery } from "./recovery.js";
 import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "./step-masks.js";
-import { NO_WIRE_ID } from "./request.js";
-import { type EngineRequest, type OutputCallback, type RequestOutput, type RequestTiming, type SchedulerConfig, type TokenCallback, type TokenLogprob } from "./types.js";
+import { type EngineRequest, type OutputCallback, type RequestId, type RequestOutput, type RequestTiming, type SchedulerConfig, type TokenCallback, type TokenLogprob } from "./types.js";
 import { ExecutorLostError, type StepExecutor } from "../worker/types.js";
 
 export interface EngineConfig extends SchedulerConfig {
@@ -199,7 +194,7 @@ export class EngineCore {
   private readonly scheduler: Scheduler;
   /** Longest a request may grow (prompt + output). */
   private readonly maxLen: number;
-  private readonly requests = new Map<string, Request>();
+  private readonly requests = new Map<RequestId, Request>();
   private executor: StepExecutor;
   /** What a submitted request is checked against (the vocabulary is the executor's). */
   private limits: SubmitLimits;
@@ -213,9 +208,9 @@ export class EngineCore {
   private readonly inFlight: InFlightStep[] = [];
   /** Most steps outstanding at once: 2 with overlap scheduling, else 1. */
   private readonly maxInFlight: number;
-  private pendingAborts: string[] = [];
+  private pendingAborts: RequestId[] = [];
   /** Requests to end with "error" once the step in flight is processed (their grammar mask failed). */
-  private pendingFailures = new Map<string, string>();
+  private pendingFailures = new Map<RequestId, string>();
   private closed = false;
   private readonly deliverStepOutputs: (emitAll: () => void) => void;
   /** Grammar masks for structured output; null: requests with a grammar are refused. */
@@ -224,16 +219,10 @@ export class EngineCore {
   private lostReason: string | null = null;
   /** The worker is gone for good (executorGone): new requests are refused. */
   private goneReason: string | null = null;
-  /** Requests added to the worker in steps it never answered. */
-  private readonly addedInLostSteps = new Set<Request>();
-  /** Suspects held back after a worker death, re-admitted one at a time. */
-  private readonly quarantine: Request[] = [];
-  /** The suspect being re-admitted now. */
-  private probation: Request | null = null;
-  /** A step has come back since the worker was (re)placed: the re-admitted requests ran. */
-  private answeredSinceSwap = false;
+  /** Worker deaths: who is carried over, who is charged, suspects re-admitted one at a time. */
+  private readonly recovery: WorkerLossRecovery;
   /** Producer requests that ended on length and keep their blocks until releaseHeld(). */
-  private readonly held = new Map<string, Request>();
+  private readonly held = new Map<RequestId, Request>();
   private readonly kvLoads: KvLoadListener | null;
   private numKvTransferBytes = 0;
 
@@ -250,6 +239,7 @@ export class EngineCore {
     this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
     this.checkExecutor(executor);
     this.limits = { ...config, vocabSize: executor.ready.vocab_size };
+    this.recovery = new WorkerLossRecovery(config.maxRequestMigrations ?? 0);
   }
 
   /** Whether requests with a grammar (structured output) can run here. */
@@ -261,7 +251,7 @@ export class EngineCore {
     const blocks = this.blockManager.counts();
     return {
       numRunning: this.scheduler.numRunning,
-      numWaiting: this.scheduler.numWaiting + this.quarantine.filter((r) => !r.isFinished).length,
+      numWaiting: this.scheduler.numWaiting + this.recovery.numHeldBack,
       numFreeBlocks: blocks.free + blocks.cached,
       numCachedBlocks: blocks.cached,
       numUsedBlocks: blocks.inUse,
@@ -284,13 +274,13 @@ export class EngineCore {
     this.wake();
   }
 
-  abort(requestId: string): void {
+  abort(requestId: RequestId): void {
     if (!this.requests.has(requestId)) return;
     if (this.inFlight.length > 0) this.pendingAborts.push(requestId);
     else {
       this.finishAborted(requestId, null);
       // It may have been the suspect on probation: the next one goes.
-      this.releaseQuarantined();
+      this.recovery.releaseNext(this.scheduler);
       this.wake();
     }
   }
@@ -312,8 +302,7 @@ export class EngineCore {
     this.goneReason = firstLine(reason);
     this.lostReason ??= this.goneReason;
     this.pendingAborts = [];
-    this.quarantine.length = 0;
-    this.probation = null;
+    this.recovery.clear();
     const live = [...this.requests.values()];
     for (const request of live) this.finish(request);
     this.blockManager.resetPrefixCache();
@@ -343,12 +332,12 @@ export class EngineCore {
   }
 
   /** Blocks of a held producer request (KV connector): what the peer loads. Null when none is held under `requestId`. */
-  heldBlocks(requestId: string): readonly number[] | null {
+  heldBlocks(requestId: RequestId): readonly number[] | null {
     return this.held.get(requestId)?.blockIds ?? null;
   }
 
   /** The held request's KV has been sent (or will never be): its blocks are freed (prefix-cached ones stay cached). */
-  releaseHeld(requestId: string): void {
+  releaseHeld(requestId: RequestId): void {
     const request = this.held.get(requestId);
     if (request === undefined) return;
     this.held.delete(requestId);
@@ -380,7 +369,7 @@ export class EngineCore {
     try {
       for (;;) {
         if (this.nextExecutor !== null && this.inFlight.length === 0) this.swapExecutor();
-        this.releaseQuarantined();
+        this.recovery.releaseNext(this.scheduler);
         // Keep the worker fed: with overlap, step N+1 goes out before N's result is awaited.
         // (A new executor waits until nothing is in flight on the old one; a lost one gets nothing.)
         while (this.inFlight.length < this.maxInFlight && this.nextExecutor === null && this.lostReason === null && this.scheduler.hasUnfinished) {
@@ -415,7 +404,7 @@ export class EngineCore {
     const pollLoads = this.scheduler.loading.size > 0 && this.inFlight.length === 0;
     if (out.requests.length === 0 && out.kvLoads.length === 0 && !pollLoads) {
       // With a step in flight this is normal (every running request waits for a token that ends it).
-      if (this.inFlight.length > 0) this.scheduler.deferRemoved(out.removedWireIds, out.kvCancels);
+      if (this.inFlight.length > 0) this.scheduler.deferRemoved(out.removed, out.kvCancels);
       else this.failUnschedulable(out);
       return false;
     }
@@ -452,15 +441,13 @@ export class EngineCore {
         return;
       }
       // Should the worker still be alive, it never applied this step's removals: resend them.
-      this.scheduler.deferRemoved(step.out.removedWireIds, step.out.kvCancels);
+      this.scheduler.deferRemoved(step.out.removed, step.out.kvCancels);
       this.failAll(error);
       await this.drainInFlight();
       return;
     }
     this.inFlight.shift();
-    this.answeredSinceSwap = true;
-    // Requests this step added ran on the worker without killing it.
-    for (const request of step.out.added) request.suspect = false;
+    this.recovery.stepAnswered(step.out.added);
     const t3 = performance.now();
     this.scheduler.updateAfterStep(step.out);
     if (result.kv_loaded.length > 0 || result.kv_load_failed.length > 0) this.applyLoadResults(result);
@@ -492,72 +479,36 @@ export class EngineCore {
 
   /** The worker is gone: waits out the steps still in flight (their results are lost), then recovers. */
   private async drainLost(first: InFlightStep): Promise<void> {
-    for (const request of first.out.added) this.addedInLostSteps.add(request);
+    this.recovery.noteLostStep(first.out.added);
     while (this.inFlight.length > 0) {
       const step = this.inFlight.shift() as InFlightStep;
       await step.result.catch(() => undefined);
-      for (const request of step.out.added) this.addedInLostSteps.add(request);
+      this.recovery.noteLostStep(step.out.added);
     }
     this.recoverFromLoss();
   }
 
   /**
-   * After a worker death, with nothing in flight: charges the migration, ends
+   * After a worker death, with nothing in flight: charges the migration (recovery.ts), ends
    * what may not be carried over, puts every other request back in the
    * waiting queue to be recomputed on the next worker, holds suspects back.
    */
   private recoverFromLoss(): void {
     const reason = this.lostReason ?? "the model worker died";
-    const limit = this.config.maxRequestMigrations ?? 0;
     // Client aborts that came in meanwhile end first: they are neither carried nor charged.
     this.applyPendingAborts();
-    const added = [...this.addedInLostSteps].filter((r) => !r.isFinished);
-    this.addedInLostSteps.clear();
     const live = [...this.requests.values()];
-    const held = new Set(this.quarantine);
-    // Blame: a death while a suspect is being added again is charged to it alone.
-    const blamed = added.filter((r) => r.suspect);
-    const onWorker = live.filter((r) => r.wireId !== NO_WIRE_ID || added.includes(r));
-    for (const request of blamed.length > 0 ? blamed : onWorker) request.numMigrations++;
-    if (blamed.length === 0) for (const request of added) request.suspect = true;
+    const notCarried = this.recovery.charge(live);
     // The worker's state is gone: every request is recomputed from its tokens.
     for (const request of live) request.numInFlightSamples = 0;
     this.scheduler.resetWorkerState();
     this.scheduler.forgetRemoved();
-    this.probation = null;
-    this.answeredSinceSwap = false;
-    for (const request of live) {
-      if (request.numMigrations <= limit) continue;
+    for (const request of notCarried) {
       this.finish(request);
-      held.delete(request);
-      this.emit(request, endOutput(request, "abort", notCarriedOver(reason, request, limit)));
+      this.emit(request, endOutput(request, "abort", this.recovery.notCarriedOver(reason, request)));
     }
-    for (const request of live) {
-      if (request.isFinished || !request.suspect || held.has(request)) continue;
-      this.scheduler.withdraw(request);
-      this.quarantine.push(request);
-    }
-    this.releaseQuarantined();
-  }
-
-  /**
-   * Re-admits the next held-back suspect once the one before it has run a
-   * step (or ended), and not before the other carried-over requests have run
-   * one on the new worker: a death then is the suspect's alone.
-   */
-  private releaseQuarantined(): void {
-    if (this.quarantine.length === 0) return;
-    const current = this.probation;
-    if (current !== null && !current.isFinished && current.suspect) return;
-    if (!this.answeredSinceSwap && this.scheduler.hasUnfinished) return;
-    this.probation = null;
-    while (this.quarantine.length > 0) {
-      const next = this.quarantine.shift() as Request;
-      if (next.isFinished) continue;
-      this.probation = next;
-      this.scheduler.requeueFront(next);
-      return;
-    }
+    this.recovery.holdBackSuspects(live, this.scheduler);
+    this.recovery.releaseNext(this.scheduler);
   }
 
   /** After a failure: the other steps in flight went to a failed worker; wait them out, ignore their results. */
@@ -567,7 +518,7 @@ export class EngineCore {
       // A worker still alive must not wait for masks that would never come.
       if (step.masks !== null) this.masks?.abandon(step.masks, this.executor);
       await step.result.catch(() => undefined);
-      this.scheduler.deferRemoved(step.out.removedWireIds, step.out.kvCancels);
+      this.scheduler.deferRemoved(step.out.removed, step.out.kvCancels);
     }
     // Aborts that came in meanwhile name requests failAll already ended (or new ones).
     this.applyPendingAborts();
@@ -575,7 +526,7 @@ export class EngineCore {
 
   /** Appends each sampled token, checks stops, frees finished requests, emits outputs. */
   private processResult(out: SchedulerOutput, message: StepMessage, result: StepResultMessage): void {
-    if (result.prompt_counts !== null) this.collectPromptLogprobs(out, message, result);
+    if (result.prompt_counts !== null) collectPromptLogprobs(out, message, result, this.limits.vocabSize);
     const now = performance.now();
     let k = 0;
     let topAt = 0;
@@ -618,34 +569,6 @@ export class EngineCore {
     });
   }
 
-  /** Adds each row's prompt logprobs to its request; positions it already has (a recomputed prompt) are skipped. */
-  private collectPromptLogprobs(out: SchedulerOutput, message: StepMessage, result: StepResultMessage): void {
-    const counts = result.prompt_counts as Int32Array;
-    const { prompt_logprobs: logprobs, prompt_ranks: ranks, prompt_top_ids: topIds, prompt_top_logprobs: topLogprobs } = result;
-    if (counts.length !== out.requests.length || logprobs === null || ranks === null || topIds === null || topLogprobs === null) {
-      throw new Error(`step ${message.step_id}: prompt logprobs for ${counts.length} rows of ${out.requests.length}, or missing arrays`);
-    }
-    let at = 0;
-    let topAt = 0;
-    for (let i = 0; i < counts.length; i++) {
-      const count = counts[i] as number;
-      if (count === 0) continue;
-      const request = out.requests[i] as Request;
-      const k = Math.min(Math.max(request.promptLogprobs, 0), this.limits.vocabSize);
-      // Counts and offsets follow the worker's view; a resumed request asks for none (step-builder).
-      const entries = request.promptLogprobEntries;
-      const first = message.num_computed[i] as number;
-      for (let j = 0; j < count; j++, at++, topAt += k) {
-        // Position p scores prompt token p + 1.
-        const position = first + j;
-        if (position !== entries.length || request.promptLogprobsSent) continue;
-        const top: TokenLogprob["top"] = [];
-        for (let t = topAt; t < topAt + k; t++) top.push({ tokenId: topIds[t] as number, logprob: topLogprobs[t] as number });
-        entries.push({ tokenId: request.tokenIds[position + 1] as number, logprob: logprobs[at] as number, rank: ranks[at] as number, top });
-      }
-    }
-  }
-
   // ------------------------------------------------------------ endings
 
   private finish(request: Request, hold = false): void {
@@ -672,14 +595,14 @@ export class EngineCore {
     });
   }
 
-  private finishFailed(requestId: string, message: string): void {
+  private finishFailed(requestId: RequestId, message: string): void {
     const request = this.requests.get(requestId);
     if (request === undefined) return;
     this.finish(request);
     this.emit(request, endOutput(request, "error", message));
   }
 
-  private finishAborted(requestId: string, error: string | null): void {
+  private finishAborted(requestId: RequestId, error: string | null): void {
     const request = this.requests.get(requestId);
     if (request === undefined) return;
     this.finish(request);
@@ -700,7 +623,7 @@ export class EngineCore {
   /** Defensive: live requests but an empty step would spin; end the oldest instead. */
   private failUnschedulable(out: SchedulerOutput): void {
     const oldest = this.scheduler.running[0] ?? this.scheduler.waiting[0];
-    this.scheduler.deferRemoved(out.removedWireIds, out.kvCancels);
+    this.scheduler.deferRemoved(out.removed, out.kvCancels);
     if (oldest === undefined) return;
     this.finish(oldest);
     this.emit(oldest, endOutput(oldest, "error", "internal error: the scheduler could not place the request"));
@@ -752,7 +675,7 @@ export class EngineCore {
     this.nextExecutor = null;
     this.scheduler.resetWorkerState();
     this.lostReason = null;
-    this.answeredSinceSwap = false;
+    this.recovery.workerSwapped();
   }
 }
 
@@ -808,16 +731,6 @@ function checkResult(step: StepMessage, result: StepResultMessage): void {
   }
 }
 
-function tokenLogprob(result: StepResultMessage, k: number, token: number, topAt: number): TokenLogprob | null {
-  if (result.logprobs === null) return null;
-  const top: TokenLogprob["top"] = [];
-  if (result.top_counts !== null && result.top_ids !== null && result.top_logprobs !== null) {
-    const count = result.top_counts[k] as number;
-    for (let j = topAt; j < topAt + count; j++) top.push({ tokenId: result.top_ids[j] as number, logprob: result.top_logprobs[j] as number });
-  }
-  return { tokenId: token, logprob: result.logprobs[k] as number, top };
-}
-
 function outputOf(request: Request, token: number, logprob: TokenLogprob | null, stop: StopResult | null): RequestOutput {
   const output: RequestOutput = {
     requestId: request.id,
@@ -850,19 +763,11 @@ function addTiming(output: RequestOutput, request: Request): RequestOutput {
   return output;
 }
 
-/** Why a request was not carried over to the restarted worker. */
-function notCarriedOver(reason: string, request: Request, limit: number): string {
-  const flag = `--max-request-migrations ${limit}`;
-  if (limit === 0) return `${reason}; requests are not carried over to a restarted worker (${flag})`;
-  if (request.suspect) return `${reason}; the worker died each time it ran this request, so it is not retried (${flag})`;
-  return `${reason}; this request was already carried over to a restarted worker ${limit} time${limit === 1 ? "" : "s"} (${flag})`;
-}
-
 function firstLine(text: string): string {
   return text.split("\n", 1)[0] ?? text;
 }
 
 /** The last output of a request that ends without a token (aborted, or failed with `error`). */
-export function endingOutput(requestId: string, reason: "abort" | "error", error: string | null, numCachedTokens = 0): RequestOutput {
+export function endingOutput(requestId: RequestId, reason: "abort" | "error", error: string | null, numCachedTokens = 0): RequestOutput {
   return { requestId, newTokenIds: [], logprobs: null, finished: true, finishReason: reason, stopTokenId: null, numCachedTokens, error };
 }

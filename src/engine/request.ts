@@ -4,16 +4,13 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, StopConditions, TokenCallback } from "./types.js";
+import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, RequestId, StopConditions, TokenCallback } from "./types.js";
 
 /** loading: its KV is being loaded from another worker (prefill/decode disaggregation). */
 export type RequestStatus = "waiting" | "loading" | "running" | "finished";
 
 /** Where a consumer request's remote KV load stands; "none" for every other request. */
 export type KvLoadState = "none" | "pending" | "loading" | "done" | "failed";
-
-/** Wire id of a request the worker does not know (not added, or removed). */
-export const NO_WIRE_ID = -1;
 
 export class Request {
   // Fields are laid out in declaration order: the ones every step reads for
@@ -39,8 +36,8 @@ export class Request {
   readonly numLogprobs: number;
   /** Offered each plain token before onOutput (EngineCore.processResult); null: every token goes to onOutput. */
   readonly onToken: TokenCallback | null;
-  /** Small int naming the request on the wire while the worker knows it; NO_WIRE_ID otherwise. */
-  wireId = NO_WIRE_ID;
+  /** The worker knows the request (added, not removed since): its rows name it by id. */
+  onWorker = false;
   /** Block table: block i holds the KV of positions [i*blockSize, (i+1)*blockSize). */
   blockIds: number[] = [];
   /** How many of blockIds the worker already has (blocks cross the wire once). */
@@ -60,7 +57,7 @@ export class Request {
   /** Image token runs of a vision-language prompt (empty: none), hashed into the block hashes. */
   readonly media: readonly MediaSpan[];
 
-  readonly id: string;
+  readonly id: RequestId;
   readonly sampling: SamplingParams;
   readonly stop: StopConditions;
   readonly priority: number;

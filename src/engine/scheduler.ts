@@ -29,7 +29,8 @@
 // late bytes into blocks that may have a new owner.
 
 import type { KVCacheManager } from "./block-manager.js";
-import { NO_WIRE_ID, type Request } from "./request.js";
+import type { Request } from "./request.js";
+import type { RequestId } from "./types.js";
 import type { SchedulerConfig } from "./types.js";
 
 /** One step's decisions, as plain data; step-builder turns it into the wire message. */
@@ -43,8 +44,8 @@ export interface SchedulerOutput {
   sample: number[];
   /** Requests the worker must add before the rows run: first admission, or resumed after preemption. */
   added: Request[];
-  /** Wire ids the worker must drop first (finished, aborted or preempted since the last step). */
-  removedWireIds: number[];
+  /** Requests the worker must drop first (finished, aborted or preempted since the last step). */
+  removed: RequestId[];
   /** Requests preempted while building this step. */
   preempted: Request[];
   numScheduledTokens: number;
@@ -68,8 +69,6 @@ export class Scheduler {
   readonly waiting: Request[] = [];
   /** Admission order; preemption takes from the back. */
   readonly running: Request[] = [];
-  /** The live request each wire id names (undefined when free). */
-  readonly requestsByWireId: (Request | undefined)[] = [];
   numPreemptions = 0;
   /** Prompt tokens looked up in the prefix cache at first admission, and how many hit. */
   numPrefixQueryTokens = 0;
@@ -79,9 +78,7 @@ export class Scheduler {
   readonly loading = new Map<number, Request>();
   private nextTransferId = 0;
   private pendingCancels: number[] = [];
-  private readonly freeWireIds: number[] = [];
-  private nextWireId = 0;
-  private pendingRemoved: number[] = [];
+  private pendingRemoved: RequestId[] = [];
   /** Finished requests are dropped from waiting/running lazily, once per step. */
   private hasFinishedInQueues = false;
   /** Longest a request may grow (prompt + output): the smaller of maxModelLen and the whole cache + 1. */
@@ -128,7 +125,7 @@ export class Scheduler {
       numComputedBefore: [],
       sample: [],
       added: [],
-      removedWireIds: this.pendingRemoved,
+      removed: this.pendingRemoved,
       preempted: [],
       numScheduledTokens: 0,
       kvLoads: [],
@@ -199,15 +196,15 @@ export class Scheduler {
     }
     // keepBlocks: a producer's blocks stay taken until its KV is sent (EngineCore.releaseHeld).
     if (!keepBlocks) this.kv.free(request);
-    if (request.wireId !== NO_WIRE_ID) this.releaseWireId(request, this.pendingRemoved);
+    if (request.onWorker) this.removeFromWorker(request, this.pendingRemoved);
     request.status = "finished";
     this.hasFinishedInQueues = true;
     return true;
   }
 
   /** Removals (and load cancels) of a step that was not sent go out with the next one. */
-  deferRemoved(wireIds: readonly number[], kvCancels: readonly number[] = []): void {
-    this.pendingRemoved.push(...wireIds);
+  deferRemoved(ids: readonly RequestId[], kvCancels: readonly number[] = []): void {
+    this.pendingRemoved.push(...ids);
     this.pendingCancels.push(...kvCancels);
   }
 
@@ -355,8 +352,8 @@ export class Scheduler {
   }
 
   private pushRow(out: SchedulerOutput, request: Request, numNew: number): number {
-    if (request.wireId === NO_WIRE_ID) {
-      this.assignWireId(request);
+    if (!request.onWorker) {
+      request.onWorker = true;
       out.added.push(request);
     }
     out.requests.push(request);
@@ -390,16 +387,16 @@ export class Scheduler {
   }
 
   private preempt(request: Request, out: SchedulerOutput): void {
-    this.requeue(request, out.removedWireIds);
+    this.requeue(request, out.removed);
     request.numPreemptions++;
     this.numPreemptions++;
     out.preempted.push(request);
   }
 
   /** Frees the request's blocks and progress and puts it at the front of its priority in waiting. */
-  private requeue(request: Request, removed: number[]): void {
+  private requeue(request: Request, removed: RequestId[]): void {
     this.kv.free(request);
-    if (request.wireId !== NO_WIRE_ID) this.releaseWireId(request, removed);
+    if (request.onWorker) this.removeFromWorker(request, removed);
     request.numComputedTokens = 0;
     request.status = "waiting";
     let at = 0;
@@ -407,21 +404,13 @@ export class Scheduler {
     this.waiting.splice(at, 0, request);
   }
 
-  private assignWireId(request: Request): void {
-    const id = this.freeWireIds.length > 0 ? (this.freeWireIds.pop() as number) : this.nextWireId++;
-    request.wireId = id;
-    this.requestsByWireId[id] = request;
-  }
-
   /**
-   * The worker drops removed ids before adding requests, so an id may be
-   * reused by a request added in the very step that removes it.
+   * The worker drops removed requests before adding requests, so a preempted
+   * request may come back in the very step that removes it.
    */
-  private releaseWireId(request: Request, removed: number[]): void {
-    removed.push(request.wireId);
-    this.requestsByWireId[request.wireId] = undefined;
-    this.freeWireIds.push(request.wireId);
-    request.wireId = NO_WIRE_ID;
+  private removeFromWorker(request: Request, removed: RequestId[]): void {
+    removed.push(request.id);
+    request.onWorker = false;
   }
 
   private compact(): void {

@@ -13,10 +13,10 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
   let numNewBlocks = 0;
   for (const request of out.requests) numNewBlocks += request.blockIds.length - request.numSentBlocks;
 
-  const ints = new Int32Array(out.removedWireIds.length + 4 * numRows + numNewBlocks);
+  const ints = new Int32Array(out.removed.length + 4 * numRows + numNewBlocks);
   let at = 0;
   const view = (length: number): Int32Array => ints.subarray(at, (at += length));
-  const removed = view(out.removedWireIds.length);
+  const removed = view(out.removed.length);
   const reqIds = view(numRows);
   const numNewTokens = view(numRows);
   const numComputed = view(numRows);
@@ -24,11 +24,11 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
   const newBlockIds = view(numNewBlocks);
   const sample = new Uint8Array(numRows);
 
-  for (let i = 0; i < out.removedWireIds.length; i++) removed[i] = out.removedWireIds[i] as number;
+  for (let i = 0; i < out.removed.length; i++) removed[i] = out.removed[i] as number;
   let blockAt = 0;
   for (let i = 0; i < numRows; i++) {
     const request = out.requests[i] as Request;
-    reqIds[i] = request.wireId;
+    reqIds[i] = request.id;
     numNewTokens[i] = out.numNewTokens[i] as number;
     numComputed[i] = out.numComputedBefore[i] as number;
     sample[i] = out.sample[i] as number;
@@ -53,7 +53,7 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     prompts: [],
     batches: [],
     releases: NO_IDS,
-    finished_requests: [],
+    finished_requests: NO_IDS,
     // Grammar-constrained rows are marked by the engine core after building (engine/step-masks.ts).
     mask_rows: NO_IDS,
     // KV connector: the sends of a prefill worker are attached by its lane; loads are this engine's own.
@@ -74,7 +74,7 @@ const NO_IDS = new Int32Array(0);
 /** Everything the worker keeps for a request; a resumed request brings its outputs so far. */
 function addedRequest(request: Request): AddedRequest {
   return {
-    req_id: request.wireId,
+    req_id: request.id,
     token_ids: Int32Array.from(request.tokenIds),
     num_prompt_tokens: request.numWorkerPromptTokens,
     sampling: request.sampling,

@@ -20,6 +20,7 @@
 // are unmasked and their requests fail), so the worker is never left waiting.
 
 import type { Request } from "./request.js";
+import type { RequestId } from "./types.js";
 import type { StepExecutor } from "../worker/types.js";
 import type { StepMessage } from "../transport/messages.js";
 import { AnswerPhase } from "../structured/answer-phase.js";
@@ -46,7 +47,7 @@ interface Progress {
 export type FailRequest = (request: Request, message: string) => void;
 
 export class StepMasks {
-  private readonly progress = new Map<string, Progress>();
+  private readonly progress = new Map<RequestId, Progress>();
 
   constructor(private readonly client: GrammarClient) {}
 

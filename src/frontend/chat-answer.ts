@@ -2,14 +2,18 @@
 // which reasoning parser and tool-call parser apply (server flags and the
 // request's tool_choice), the message of a collected choice, the delta of a
 // streamed one, and the finish reason ("tool_calls" once a choice called a
-// tool and stopped).
+// tool and stopped). Each choice's text goes through one ChatChoiceOutput:
+// reasoning (--reasoning-parser) split from the answer, then tool calls (a
+// tool-call parser, with tool_choice "auto") split from the rest of the
+// answer. The same object serves both forms: a stream pushes each piece as
+// it becomes final and sends what comes out; a collected response pushes the
+// whole text once. Any split of the text gives the same result.
 
 import { ReasoningSplitter, reasoningStart, THINK_END, THINK_START, type ReasoningStart } from "../reasoning/reasoning-parser.js";
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import { NamedCallParser, RequiredCallsParser } from "../tool-parsers/forced.js";
-import { ToolCallEmitter } from "../tool-parsers/tool-call.js";
-import { createToolCallParser, toolCallIdStyle } from "../tool-parsers/tool-parser.js";
-import { ChatChoiceOutput, isEmptyPiece, joinPieces, toolCallsOf, type ChatPiece } from "./chat-output.js";
+import { joinToolCallDeltas, mergeToolCallDeltas, ToolCallEmitter, type ToolCall, type ToolCallDelta } from "../tool-parsers/tool-call.js";
+import { createToolCallParser, toolCallIdStyle, type ToolCallParser } from "../tool-parsers/tool-parser.js";
 import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason } from "./generation.js";
 import { badRequest } from "./openai-error.js";
@@ -113,4 +117,65 @@ export class ChatAnswer {
   private finishReason(output: ChatChoiceOutput, reason: OpenAIFinishReason): ChatFinishReason {
     return reason === "stop" && output.numToolCalls > 0 && this.tools !== "named" ? "tool_calls" : reason;
   }
+}
+
+// ---- one choice's text ------------------------------------------------------
+
+/** What one piece of generated text adds to a chat choice. */
+export interface ChatPiece {
+  reasoning: string;
+  content: string;
+  toolCalls: ToolCallDelta[];
+}
+
+export class ChatChoiceOutput {
+  private numCalls = 0;
+
+  constructor(
+    private readonly reasoning: ReasoningSplitter | null,
+    private readonly tools: ToolCallParser | null,
+  ) {}
+
+  /** Tool calls begun so far. */
+  get numToolCalls(): number {
+    return this.numCalls;
+  }
+
+  push(text: string): ChatPiece {
+    const split = this.reasoning === null ? { reasoning: "", content: text } : this.reasoning.push(text);
+    return this.answer(split.reasoning, split.content, false);
+  }
+
+  /** The end of the choice's text: everything held back comes out. */
+  finish(): ChatPiece {
+    const split = this.reasoning === null ? { reasoning: "", content: "" } : this.reasoning.finish();
+    return this.answer(split.reasoning, split.content, true);
+  }
+
+  private answer(reasoning: string, content: string, final: boolean): ChatPiece {
+    if (this.tools === null) return { reasoning, content, toolCalls: [] };
+    const piece = this.tools.push(content);
+    const calls = piece.calls;
+    let text = piece.content;
+    if (final) {
+      const last = this.tools.finish();
+      text += last.content;
+      joinToolCallDeltas(calls, last.calls);
+    }
+    for (const call of calls) if (call.id !== undefined) this.numCalls++;
+    return { reasoning, content: text, toolCalls: calls };
+  }
+}
+
+export function joinPieces(a: ChatPiece, b: ChatPiece): ChatPiece {
+  return { reasoning: a.reasoning + b.reasoning, content: a.content + b.content, toolCalls: joinToolCallDeltas([...a.toolCalls], b.toolCalls) };
+}
+
+export function isEmptyPiece(piece: ChatPiece): boolean {
+  return piece.reasoning === "" && piece.content === "" && piece.toolCalls.length === 0;
+}
+
+/** A collected choice's tool calls. */
+export function toolCallsOf(piece: ChatPiece): ToolCall[] {
+  return mergeToolCallDeltas(piece.toolCalls);
 }

@@ -5,8 +5,7 @@
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { ChatTemplateError, noChatTemplateError, type TemplateMessage } from "../text/chat-template.js";
-import { ChatAnswer, checkToolChoice } from "./chat-answer.js";
-import type { ChatChoiceOutput } from "./chat-output.js";
+import { ChatAnswer, checkToolChoice, type ChatChoiceOutput } from "./chat-answer.js";
 import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason } from "./generation.js";
 import { chatLogprobs, vllmPromptLogprobs } from "./logprobs-format.js";

@@ -4,7 +4,7 @@
 // and hand ordered deltas to the endpoint (streamed or collected).
 
 import { RequestRejectedError } from "../engine/engine-core.js";
-import type { EngineRequest, PromptTokenLogprob, RequestOutput, TokenLogprob } from "../engine/types.js";
+import type { EngineRequest, PromptTokenLogprob, RequestId, RequestOutput, TokenLogprob } from "../engine/types.js";
 import type { DetokenizerSession } from "../text/detokenizer.js";
 import type { StopStringMatcher } from "../text/stop-strings.js";
 import type { TokenText, TokenTextSession, TokenVocabulary } from "../text/token-text.js";
@@ -81,13 +81,15 @@ export class Generation implements SessionOwner {
 
   constructor(
     private readonly sessions: RequestSessions,
+    /** What the client and the logs call it (ChoiceSpec.name). */
+    readonly name: string,
     private readonly detokenizer: DetokenizerSession,
     private readonly request: EngineRequest,
     private readonly sink: GenerationSink,
     private readonly options: GenerationOptions = {},
   ) {}
 
-  get id(): string {
+  get id(): RequestId {
     return this.request.id;
   }
 

@@ -11,6 +11,7 @@
 
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { GraphEvent, GraphEventCallback, GraphRequest } from "../conductor/graph-engine.js";
+import type { RequestId } from "../engine/types.js";
 import { RequestRejectedError } from "../engine/engine-core.js";
 import type { SamplingParams } from "../transport/messages.js";
 import { SPEECH_CONTENT_TYPES, wavHeader } from "./audio-encoding.js";
@@ -37,7 +38,6 @@ export interface GraphEndpointsOptions {
   imageGeneration?: ImageGenerationSpec | null;
 }
 
-let nextRequestNumber = 0;
 /** When a model's chunks do not say (24 kHz, as OpenAI's speech). */
 const DEFAULT_SAMPLE_RATE = 24_000;
 
@@ -70,18 +70,24 @@ class GraphRun implements SessionOwner {
   private waiting: ((event: GraphEvent) => void) | null = null;
   private ended = false;
 
-  /** request: the client whose leaving aborts the run (null: the caller watches it). */
+  readonly id: RequestId;
+  /** What the client knows the request by (its x-request-id). */
+  readonly name: string;
+
+  /** request: the client whose leaving aborts the run (null: the caller watches it); name: the client's name for it. */
   constructor(
     private readonly sessions: RequestSessions,
-    readonly id: string,
     request: FastifyRequest | null,
+    name: (id: RequestId) => string,
   ) {
+    this.id = sessions.newId();
+    this.name = name(this.id);
     request?.raw.socket?.once("close", () => this.abort());
   }
 
-  start(req: GraphRequest): void {
+  start(req: Omit<GraphRequest, "id">): void {
     try {
-      this.sessions.submitGraph(this, req, (event) => this.push(event));
+      this.sessions.submitGraph(this, { ...req, id: this.id }, (event) => this.push(event));
     } catch (error) {
       if (error instanceof RequestRejectedError) throw badRequest(error.message);
       throw error;
@@ -132,11 +138,9 @@ export async function handleSpeech(options: GraphEndpointsOptions, request: Fast
   if (unavailable !== null) throw serviceUnavailable(unavailable);
   if (!options.outputModalities.includes("audio")) throw badRequest("this model does not produce audio; /v1/audio/speech needs a speech model");
   const body = parseSpeechRequest(request.body);
-  const id = `speech-${++nextRequestNumber}`;
   const startedAt = performance.now();
-  const run = new GraphRun(options.sessions, id, request);
+  const run = new GraphRun(options.sessions, request, (id) => `speech-${id}`);
   run.start({
-    id,
     prompt: { text: body.input, inputModalities: ["text"], outputModalities: ["audio"] },
     modelKwargs: { voice: body.voice },
     sampling: samplingOf(body.temperature, body.seed),
@@ -149,7 +153,7 @@ export async function handleSpeech(options: GraphEndpointsOptions, request: Fast
   if (first.kind === "error") throw errorOf(first);
   const raw = reply.raw;
   reply.hijack();
-  raw.writeHead(200, { "content-type": SPEECH_CONTENT_TYPES[body.format], "transfer-encoding": "chunked", "x-request-id": id });
+  raw.writeHead(200, { "content-type": SPEECH_CONTENT_TYPES[body.format], "transfer-encoding": "chunked", "x-request-id": run.name });
   // The worker's chunks say their sample rate (the model's get_output_sample_rate).
   const rate = first.kind === "chunk" && typeof first.metadata.sample_rate === "number" ? first.metadata.sample_rate : DEFAULT_SAMPLE_RATE;
   if (body.format === "wav") raw.write(wavHeader({ sampleRate: rate, channels: 1, bitsPerSample: 16 }, null));
@@ -192,7 +196,6 @@ export async function handleImageGeneration(options: GraphEndpointsOptions, requ
   }
   const body = parseImageRequest(request.body, spec);
   const seed = body.seed ?? randomInt(MAX_DRAWN_SEED);
-  const base = `image-${++nextRequestNumber}`;
   const created = Math.floor(Date.now() / 1000);
   const arrivalMs = performance.now();
   const runs: GraphRun[] = [];
@@ -200,10 +203,9 @@ export async function handleImageGeneration(options: GraphEndpointsOptions, requ
   request.raw.socket?.once("close", abortAll);
   try {
     for (let index = 0; index < body.n; index++) {
-      const run = new GraphRun(options.sessions, `${base}-${index}`, null);
+      const run = new GraphRun(options.sessions, null, (id) => `image-${id}`);
       runs.push(run);
       run.start({
-        id: run.id,
         prompt: { text: body.prompt, inputModalities: ["text"], outputModalities: ["image"] },
         modelKwargs: { size: body.size, seed, index, num_inference_steps: body.numInferenceSteps },
         sampling: samplingOf(0, seed),
@@ -216,7 +218,7 @@ export async function handleImageGeneration(options: GraphEndpointsOptions, requ
     const inputTokens = Math.min(Buffer.byteLength(body.prompt, "utf8") + 1, spec.maxPromptTokens);
     const [width, height] = body.size.split("x").map(Number) as [number, number];
     const outputTokens = body.n * (width / spec.latentDownsampling) * (height / spec.latentDownsampling);
-    return reply.header("x-request-id", base).send({
+    return reply.header("x-request-id", runs[0]!.name).send({
       created,
       data: images.map((png) => ({ b64_json: png.toString("base64") })),
       background: "opaque",
@@ -353,11 +355,11 @@ export async function handleMultipartGenerate(options: GraphEndpointsOptions, re
     }
   }
   const { sampling, maxTokens, modelKwargs } = samplingFromKwargs(form.modelKwargs);
-  const id = form.requestId ?? `generate-${++nextRequestNumber}`;
   const startedAt = performance.now();
-  const run = new GraphRun(options.sessions, id, request);
+  // The client's name for its request, echoed back; the engine's id is run.id.
+  const run = new GraphRun(options.sessions, request, (id) => form.requestId ?? `generate-${id}`);
+  const id = run.name;
   run.start({
-    id,
     prompt: { text: form.text, inputModalities, outputModalities },
     modelKwargs,
     sampling,

@@ -13,7 +13,7 @@
 
 import { performance } from "node:perf_hooks";
 import type { GraphEventCallback, GraphRequest } from "../conductor/graph-engine.js";
-import type { EngineRequest, FinishReason, OutputCallback, RequestTiming } from "../engine/types.js";
+import type { EngineRequest, FinishReason, OutputCallback, RequestId, RequestTiming } from "../engine/types.js";
 import type { Logger } from "../observability/logger.js";
 import type { RequestRecorder, RequestTrace } from "../observability/metrics.js";
 import type { ApiError } from "./openai-error.js";
@@ -22,12 +22,14 @@ import type { ApiError } from "./openai-error.js";
 export interface SessionEngine {
   submit(req: EngineRequest, onOutput: OutputCallback): void;
   submitGraph?(req: GraphRequest, onEvent: GraphEventCallback): void;
-  abort(requestId: string, reason?: "stop"): void;
+  abort(requestId: RequestId, reason?: "stop"): void;
 }
 
 /** What owns a live request: the registry can end it with an error. */
 export interface SessionOwner {
-  readonly id: string;
+  readonly id: RequestId;
+  /** What the client knows the request by (the response's id), for the log lines. */
+  readonly name: string;
   /** Ends the request with this error, delivered to its client (and aborts it in the engine). */
   fail(error: ApiError): void;
 }
@@ -46,7 +48,7 @@ class Observation {
   private done = false;
 
   constructor(
-    private readonly id: string,
+    private readonly name: string,
     private readonly promptTokens: number,
     private readonly arrivalMs: number,
     private readonly trace: RequestTrace | null,
@@ -72,7 +74,7 @@ class Observation {
     this.trace?.finish(reason, now);
     this.log?.info(
       {
-        request_id: this.id,
+        request_id: this.name,
         prompt_tokens: this.promptTokens,
         completion_tokens: this.completionTokens,
         ...(cachedTokens === null ? {} : { cached_tokens: cachedTokens }),
@@ -87,12 +89,23 @@ class Observation {
 }
 
 export class RequestSessions {
-  private readonly live = new Map<string, { owner: SessionOwner; observation: Observation }>();
+  private readonly live = new Map<RequestId, { owner: SessionOwner; observation: Observation }>();
+  private lastId = 0;
 
   constructor(
     private readonly engine: SessionEngine,
     private readonly options: RequestSessionsOptions = {},
   ) {}
+
+  /**
+   * A new request's id: an int32 counter that wraps, skipping ids still live,
+   * so it names the request from here to the worker (RequestId).
+   */
+  newId(): RequestId {
+    do this.lastId = (this.lastId + 1) & 0x7fffffff;
+    while (this.lastId === 0 || this.live.has(this.lastId));
+    return this.lastId;
+  }
 
   /** Requests live in the engine. */
   get size(): number {
@@ -120,7 +133,7 @@ export class RequestSessions {
       this.live.delete(owner.id);
       throw error;
     }
-    this.received(owner.id, req.promptIds.length, req.stop.maxTokens);
+    this.received(owner.name, req.promptIds.length, req.stop.maxTokens);
   }
 
   /** Hands a graph request to the engine; its chunks are not tokens, so it counts in request totals and latency only. */
@@ -142,7 +155,7 @@ export class RequestSessions {
       this.live.delete(owner.id);
       throw error;
     }
-    this.received(owner.id, 0, maxTokens);
+    this.received(owner.name, 0, maxTokens);
   }
 
   /**
@@ -171,15 +184,15 @@ export class RequestSessions {
     const { recorder = null, logger = null, onSubmit } = this.options;
     onSubmit?.();
     const log = logger?.isLevelEnabled("info") ? logger : null;
-    const observation = new Observation(owner.id, promptTokens, arrivalMs, recorder?.begin(owner.id, promptTokens, arrivalMs, maxTokens) ?? null, log);
+    const observation = new Observation(owner.name, promptTokens, arrivalMs, recorder?.begin(promptTokens, arrivalMs, maxTokens) ?? null, log);
     this.live.set(owner.id, { owner, observation });
     return observation;
   }
 
   /** Logged once the engine took it (a refused submit throws and becomes a 4xx/5xx). */
-  private received(id: string, promptTokens: number, maxTokens: number): void {
+  private received(name: string, promptTokens: number, maxTokens: number): void {
     const logger = this.options.logger;
-    if (logger?.isLevelEnabled("info")) logger.info({ request_id: id, prompt_tokens: promptTokens, max_tokens: maxTokens }, "request received");
+    if (logger?.isLevelEnabled("info")) logger.info({ request_id: name, prompt_tokens: promptTokens, max_tokens: maxTokens }, "request received");
   }
 }
 

@@ -27,6 +27,8 @@ export interface Usage {
 export interface ChoiceSpec {
   index: number;
   promptIndex: number;
+  /** What the client and the logs call this generation: the response's id, with "-<index>" when it has several. */
+  name: string;
   request: EngineRequest;
 }
 
@@ -80,33 +82,21 @@ export function checkAvailable(ctx: FrontendContext): void {
   if (reason !== null) throw serviceUnavailable(reason);
 }
 
-/** Validates the length and builds the engine request. */
-export function buildEngineRequest(
-  ctx: FrontendContext,
-  id: string,
-  promptIds: number[],
-  req: SamplingRequest,
-  arrivalMs: number,
-): EngineRequest {
-  const maxTokens = resolveMaxTokens(req, promptIds.length, ctx.limits);
-  return toEngineRequest(id, promptIds, req, maxTokens, ctx.limits, arrivalMs);
-}
-
 /**
  * n engine requests per prompt, choice index = prompt * n + i. Every prompt is
  * checked against the context length before anything is submitted. With a
  * seed, choice i samples with seed + i, so the choices differ but repeat.
  */
-export function buildChoices(ctx: FrontendContext, id: string, prompts: number[][], req: SamplingRequest, arrivalMs: number): ChoiceSpec[] {
+export function buildChoices(ctx: FrontendContext, responseId: string, prompts: number[][], req: SamplingRequest, arrivalMs: number): ChoiceSpec[] {
   const specs: ChoiceSpec[] = [];
   const single = prompts.length === 1 && req.n === 1;
   prompts.forEach((promptIds, promptIndex) => {
     const maxTokens = resolveMaxTokens(req, promptIds.length, ctx.limits);
     for (let i = 0; i < req.n; i++) {
       const index = promptIndex * req.n + i;
-      const request = toEngineRequest(single ? id : `${id}-${index}`, promptIds, req, maxTokens, ctx.limits, arrivalMs);
+      const request = toEngineRequest(ctx.sessions.newId(), promptIds, req, maxTokens, ctx.limits, arrivalMs);
       if (req.seed !== null && i > 0) request.sampling = { ...request.sampling, seed: req.seed + i };
-      specs.push({ index, promptIndex, request });
+      specs.push({ index, promptIndex, name: single ? responseId : `${responseId}-${index}`, request });
     }
   });
   return specs;
@@ -131,10 +121,10 @@ function usageOf(specs: readonly ChoiceSpec[], generations: readonly Generation[
   };
 }
 
-function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[3]): Generation {
+function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[4]): Generation {
   const session = ctx.detokenizer.session(spec.request.promptIds, req.skipSpecialTokens);
   const vocabulary = ctx.tokenizer.vocabulary;
-  return new Generation(ctx.sessions, session, spec.request, sink, {
+  return new Generation(ctx.sessions, spec.name, session, spec.request, sink, {
     stopStrings: req.stop.length > 0 ? new StopStringMatcher(req.stop, req.includeStopStrInOutput) : null,
     vocabulary,
     tokenTexts: spec.request.sampling.logprobs >= 0 ? new TokenTextSession(vocabulary, spec.request.promptIds, req.skipSpecialTokens) : null,

@@ -1,7 +1,7 @@
 // From validated OpenAI parameters to what the engine core takes: the wire
 // SamplingParams (the worker's sampler) and StopConditions (checked in TS).
 
-import type { EngineRequest, StopConditions } from "../engine/types.js";
+import type { EngineRequest, RequestId, StopConditions } from "../engine/types.js";
 import type { SamplingParams } from "../transport/messages.js";
 import { badRequest } from "./openai-error.js";
 import type { SamplingRequest } from "./request-validation.js";
@@ -79,7 +79,7 @@ export function toStopConditions(req: SamplingRequest, maxTokens: number, limits
 }
 
 export function toEngineRequest(
-  id: string,
+  id: RequestId,
   promptIds: number[],
   req: SamplingRequest,
   maxTokens: number,

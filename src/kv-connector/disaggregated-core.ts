@@ -31,7 +31,7 @@
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineCoreOptions, type EngineStats, type KvLoadListener } from "../engine/engine-core.js";
 import type { KvLoad } from "../engine/scheduler.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestOutput } from "../engine/types.js";
+import type { EngineRequest, OutputCallback, RequestId, RequestOutput } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import type { KvTransfer } from "../transport/messages.js";
 
@@ -69,9 +69,9 @@ export class DisaggregatedCore implements KvLoadListener {
   private readonly decodeRank: number;
   private readonly decodeMaxModelLen: number;
   private readonly transferTimeoutMs: number;
-  private readonly live = new Map<string, SplitRequest>();
+  private readonly live = new Map<RequestId, SplitRequest>();
   /** Transfer id -> the request whose prefill blocks it reads, with its timeout. */
-  private readonly transfers = new Map<number, { requestId: string; timer: NodeJS.Timeout }>();
+  private readonly transfers = new Map<number, { requestId: RequestId; timer: NodeJS.Timeout }>();
   private numLoadFailures = 0;
 
   constructor(options: DisaggregatedCoreOptions) {
@@ -130,7 +130,7 @@ export class DisaggregatedCore implements KvLoadListener {
     this.live.set(req.id, split);
   }
 
-  abort(requestId: string): void {
+  abort(requestId: RequestId): void {
     const split = this.live.get(requestId);
     if (split === undefined) {
       this.prefill.abort(requestId);

@@ -42,7 +42,7 @@ export interface RequestTrace {
 
 export interface RequestRecorder {
   /** maxTokens: the request's max_tokens as the engine got it (vllm:request_params_max_tokens). */
-  begin(requestId: string, promptTokens: number, arrivalMs: number, maxTokens: number): RequestTrace;
+  begin(promptTokens: number, arrivalMs: number, maxTokens: number): RequestTrace;
 }
 
 /** Why a request was turned away before reaching the engine. */
@@ -352,7 +352,7 @@ export class BatonMetrics implements RequestRecorder {
   }
 
 
-  begin(_requestId: string, promptTokens: number, arrivalMs: number, maxTokens: number): RequestTrace {
+  begin(promptTokens: number, arrivalMs: number, maxTokens: number): RequestTrace {
     let firstMs = -1;
     let lastMs = -1;
     let generated = 0;

@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 7;
+export const PROTOCOL_VERSION = 8;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -77,7 +77,7 @@ export interface ChunkPosition {
 
 export interface NodePass {
   pass_id: number;
-  request_id: string;
+  request_id: number;
   inputs: NamedValues[];
   chunks: ChunkPosition[];
   request_kwargs: unknown;
@@ -92,7 +92,7 @@ export interface PassBatch {
 }
 
 export interface PromptRequest {
-  request_id: string;
+  request_id: number;
   prompt: string | null;
   input_modalities: string[];
   output_modalities: string[];
@@ -101,7 +101,7 @@ export interface PromptRequest {
 }
 
 export interface PromptResult {
-  request_id: string;
+  request_id: number;
   error: string | null;
   values: NamedValues[];
 }
@@ -115,7 +115,7 @@ export interface ClientChunk {
 
 export interface KvTransfer {
   transfer_id: number;
-  request_id: string;
+  request_id: number;
   peer_rank: number;
   block_ids: Int32Array;
   num_tokens: number;
@@ -131,6 +131,7 @@ export interface PassResult {
 
 /**
  * Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
+ * A request has one id everywhere (req_id, req_ids, request_id, finished_requests): the control plane's request id, unique among live requests.
  * removed: worker drops these requests' state first (finished, aborted or preempted). A preempted request comes back later as a new AddedRequest.
  * added: requests the worker has not seen; token_ids are all tokens known at admission (prompt, plus earlier outputs for a resumed request); the first num_prompt_tokens of them are the prompt (penalties count only the rest and what is sampled later).
  * Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
@@ -156,7 +157,7 @@ export interface StepMessage {
   prompts: PromptRequest[];
   batches: PassBatch[];
   releases: Int32Array;
-  finished_requests: string[];
+  finished_requests: Int32Array;
   mask_rows: Int32Array;
   kv_sends: KvTransfer[];
   kv_loads: KvTransfer[];
@@ -251,7 +252,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 7,
+  protocolVersion: 8,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -306,7 +307,7 @@ export const WIRE_TABLES: WireTables = {
     ],
     NodePass: [
       { name: "pass_id", type: { kind: "int", nullable: false, text: "int" } },
-      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "request_id", type: { kind: "int", nullable: false, text: "int" } },
       { name: "inputs", type: { kind: "struct[]", struct: "NamedValues", nullable: false, text: "NamedValues[]" } },
       { name: "chunks", type: { kind: "struct[]", struct: "ChunkPosition", nullable: false, text: "ChunkPosition[]" } },
       { name: "request_kwargs", type: { kind: "any", nullable: false, text: "any" } },
@@ -319,7 +320,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "publish", type: { kind: "str[]", nullable: false, text: "str[]" } },
     ],
     PromptRequest: [
-      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "request_id", type: { kind: "int", nullable: false, text: "int" } },
       { name: "prompt", type: { kind: "str", nullable: true, text: "str?" } },
       { name: "input_modalities", type: { kind: "str[]", nullable: false, text: "str[]" } },
       { name: "output_modalities", type: { kind: "str[]", nullable: false, text: "str[]" } },
@@ -327,7 +328,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "publish", type: { kind: "str[]", nullable: false, text: "str[]" } },
     ],
     PromptResult: [
-      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "request_id", type: { kind: "int", nullable: false, text: "int" } },
       { name: "error", type: { kind: "str", nullable: true, text: "str?" } },
       { name: "values", type: { kind: "struct[]", struct: "NamedValues", nullable: false, text: "NamedValues[]" } },
     ],
@@ -339,7 +340,7 @@ export const WIRE_TABLES: WireTables = {
     ],
     KvTransfer: [
       { name: "transfer_id", type: { kind: "int", nullable: false, text: "int" } },
-      { name: "request_id", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "request_id", type: { kind: "int", nullable: false, text: "int" } },
       { name: "peer_rank", type: { kind: "int", nullable: false, text: "int" } },
       { name: "block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       { name: "num_tokens", type: { kind: "int", nullable: false, text: "int" } },
@@ -369,7 +370,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "prompts", type: { kind: "struct[]", struct: "PromptRequest", nullable: false, text: "PromptRequest[]" } },
         { name: "batches", type: { kind: "struct[]", struct: "PassBatch", nullable: false, text: "PassBatch[]" } },
         { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
-        { name: "finished_requests", type: { kind: "str[]", nullable: false, text: "str[]" } },
+        { name: "finished_requests", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "kv_sends", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
         { name: "kv_loads", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },

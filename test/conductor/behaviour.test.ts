@@ -328,7 +328,7 @@ describe("conductor: what 'works' means (docs/graph-semantics.md)", () => {
     llm.run();
     assert.deepEqual(llm.kvStops, ["r/llm"], "the engine core is told to stop");
     const clientBefore = llm.client.length;
-    llm.conductor.kvToken("r", llm.graph.nodeByName.get("llm")!, 99, null);
+    llm.conductor.kvToken(llm.idOf("r"), llm.graph.nodeByName.get("llm")!, 99, null);
     assert.equal(llm.client.length, clientBefore, "nothing emitted after the stop");
     assert.deepEqual(llm.conductor.takeReady(), []);
   });
@@ -525,8 +525,8 @@ describe("conductor: what 'works' means (docs/graph-semantics.md)", () => {
     ex.admit("r1", { x: [ex.tensor("a")] });
     ex.step();
     const pass = ex.held[0]!;
-    ex.conductor.failRequest("r1", "first");
-    ex.conductor.failRequest("r1", "second");
+    ex.conductor.failRequest(ex.idOf("r1"), "first");
+    ex.conductor.failRequest(ex.idOf("r1"), "second");
     ex.conductor.failPass(pass.passId, "third");
     ex.conductor.failBatch(ex.batchesSeen[0]!.batchId, "fourth");
     assert.deepEqual([...ex.failed], [["r1", "first"]]);
@@ -564,11 +564,11 @@ describe("conductor: what 'works' means (docs/graph-semantics.md)", () => {
       ex.admit("cut", { x: [ex.tensor("x")], s: [ex.tensor("s")] });
       let steps = 0;
       while (steps < cut && ex.step()) steps++;
-      const active = ex.conductor.has("cut");
-      total += ex.conductor.heldTensors("cut").length;
-      ex.conductor.abort("cut");
-      ex.conductor.abort("cut");
-      assert.equal(ex.conductor.has("cut"), false);
+      const active = ex.conductor.has(ex.idOf("cut"));
+      total += ex.conductor.heldTensors(ex.idOf("cut")).length;
+      ex.conductor.abort(ex.idOf("cut"));
+      ex.conductor.abort(ex.idOf("cut"));
+      assert.equal(ex.conductor.has(ex.idOf("cut")), false);
       ex.run();
       assert.ok(ex.done.includes("keep"), `cut after ${cut} steps: the other request completes`);
       if (active) assert.ok(!ex.done.includes("cut") && !ex.failed.has("cut"), "an aborted request reports nothing");

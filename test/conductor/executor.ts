@@ -17,6 +17,7 @@ import {
   type ReadyPass,
 } from "../../src/conductor/conductor.js";
 import type { TensorValue, TokensValue, Value, Values } from "../../src/conductor/values.js";
+import type { RequestId } from "../../src/engine/types.js";
 
 export interface PassResult {
   outputs?: Record<string, Values>;
@@ -27,6 +28,7 @@ export interface PassResult {
 export type Behaviour = (pass: ReadyPass, ex: Executor) => PassResult;
 
 export interface ClientEvent {
+  /** The request's label (see Executor.idOf). */
   requestId: string;
   output: CompiledClientOutput;
   values: Values;
@@ -37,7 +39,7 @@ export interface ClientEvent {
 export type TokenScript = (requestId: string, index: number) => { token: number; finish: string | null };
 
 interface EngineRequest {
-  requestId: string;
+  requestId: RequestId;
   node: CompiledNode;
   produced: number;
 }
@@ -63,6 +65,8 @@ export class Executor implements ConductorSink {
   readonly batchesSeen: ReadyBatch[] = [];
   readonly releaseCalls: { worker: number; handles: readonly number[] }[] = [];
   readonly engine = new Map<string, EngineRequest>();
+  private readonly ids = new Map<string, RequestId>();
+  private readonly labelById = new Map<RequestId, string>();
   readonly kvStarts: KvStart[] = [];
   readonly kvStops: string[] = [];
   /** Passes of stepped kv_cache nodes (with a behaviour) waiting to run. */
@@ -122,23 +126,43 @@ export class Executor implements ConductorSink {
     return n;
   }
 
+  // Request labels ---------------------------------------------------------------
+
+  /** The conductor's numeric id of the request the tests call `label` (made on first use). */
+  idOf(label: string): RequestId {
+    let id = this.ids.get(label);
+    if (id === undefined) {
+      id = this.ids.size + 1;
+      this.ids.set(label, id);
+      this.labelById.set(id, label);
+    }
+    return id;
+  }
+
+  labelOf(id: RequestId): string {
+    return this.labelById.get(id) ?? `#${id}`;
+  }
+
   // Sink ---------------------------------------------------------------------------
 
-  clientOutput(requestId: string, output: CompiledClientOutput, values: Values, meta: ClientOutputMeta): void {
+  clientOutput(id: RequestId, output: CompiledClientOutput, values: Values, meta: ClientOutputMeta): void {
+    const requestId = this.labelOf(id);
     this.client.push({ requestId, output, values, meta });
     this.log.push(`client ${requestId} ${output.name}=${this.labelsOf(values).join("+")}`);
   }
 
-  clientToken(requestId: string, output: CompiledClientOutput, tokenId: number, meta: ClientOutputMeta): void {
-    this.clientOutput(requestId, output, [Executor.tokens(tokenId)], meta);
+  clientToken(id: RequestId, output: CompiledClientOutput, tokenId: number, meta: ClientOutputMeta): void {
+    this.clientOutput(id, output, [Executor.tokens(tokenId)], meta);
   }
 
-  requestDone(requestId: string): void {
+  requestDone(id: RequestId): void {
+    const requestId = this.labelOf(id);
     this.done.push(requestId);
     this.log.push(`done ${requestId}`);
   }
 
-  requestFailed(requestId: string, message: string): void {
+  requestFailed(id: RequestId, message: string): void {
+    const requestId = this.labelOf(id);
     assert.ok(!this.failed.has(requestId), `request ${requestId} failed twice`);
     this.failed.set(requestId, message);
     this.log.push(`failed ${requestId}: ${message}`);
@@ -158,10 +182,10 @@ export class Executor implements ConductorSink {
     if (this.behaviours.has(start.walkNode.node.name)) {
       // A kv_cache node stepped per pass (not decoding on its own token).
       this.kvPending.push(start);
-      this.log.push(`kvStart ${start.requestId}/${start.walkNode.node.name} stepped`);
+      this.log.push(`kvStart ${this.labelOf(start.requestId)}/${start.walkNode.node.name} stepped`);
       return;
     }
-    const key = `${start.requestId}/${start.walkNode.node.name}`;
+    const key = `${this.labelOf(start.requestId)}/${start.walkNode.node.name}`;
     this.log.push(`kvStart ${key} ${start.continuing ? "continuing" : "new"}`);
     if (start.continuing) assert.ok(this.engine.has(key), `continuing ${key}, which the engine does not run`);
     else {
@@ -170,8 +194,8 @@ export class Executor implements ConductorSink {
     }
   }
 
-  kvStop(requestId: string, node: CompiledNode): void {
-    const key = `${requestId}/${node.name}`;
+  kvStop(id: RequestId, node: CompiledNode): void {
+    const key = `${this.labelOf(id)}/${node.name}`;
     this.kvStops.push(key);
     this.log.push(`kvStop ${key}`);
     this.engine.delete(key);
@@ -179,8 +203,8 @@ export class Executor implements ConductorSink {
 
   // Driving --------------------------------------------------------------------------
 
-  admit(requestId: string, prompt: Record<string, Values> = {}, options: AdmitOptions = {}): void {
-    this.conductor.admit(requestId, new Map(Object.entries(prompt)), options);
+  admit(label: string, prompt: Record<string, Values> = {}, options: AdmitOptions = {}): void {
+    this.conductor.admit(this.idOf(label), new Map(Object.entries(prompt)), options);
   }
 
   /** Runs one pass's behaviour and reports its result. */
@@ -228,7 +252,7 @@ export class Executor implements ConductorSink {
       if (!this.engine.has(key)) continue;
       const script = this.tokenScripts.get(req.node.name);
       assert.ok(script !== undefined, `no token script for ${req.node.name}`);
-      const { token, finish } = script(req.requestId, req.produced++);
+      const { token, finish } = script(this.labelOf(req.requestId), req.produced++);
       if (finish !== null) this.engine.delete(key);
       ran = true;
       this.conductor.kvToken(req.requestId, req.node, token, finish);

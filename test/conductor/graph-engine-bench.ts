@@ -7,7 +7,6 @@
 //
 //   npx tsc -p tsconfig.json && node dist/test/conductor/graph-engine-bench.js [requests] [tokensPerRequest] [rounds]
 
-import { randomUUID } from "node:crypto";
 import { EngineCore, type EngineConfig } from "../../src/engine/engine-core.js";
 import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
 import type { StepExecutor } from "../../src/worker/types.js";
@@ -100,9 +99,11 @@ function config(ready: ReadyMessage): EngineConfig {
   };
 }
 
+let lastId = 0;
+
 function engineRequest(i: number): EngineRequest {
   return {
-    id: `cmpl-${randomUUID()}-0`,
+    id: ++lastId,
     promptIds: Array.from({ length: 8 }, (_, j) => (i * 8 + j) % VOCAB),
     sampling: greedy(),
     stop: { maxTokens: tokensPerRequest, eosTokenIds: [], stopTokenIds: [], ignoreEos: true, minTokens: 0 },

@@ -15,7 +15,7 @@ const tokensPerRequest = Number(process.argv[3] ?? 2000);
 class CountingSink implements ConductorSink {
   outputs = 0;
   done = 0;
-  clientOutput(_r: string, _o: CompiledClientOutput, values: Values, _m: ClientOutputMeta): void {
+  clientOutput(_r: number, _o: CompiledClientOutput, values: Values, _m: ClientOutputMeta): void {
     this.outputs += values.length;
   }
   clientToken(): void {
@@ -24,7 +24,7 @@ class CountingSink implements ConductorSink {
   requestDone(): void {
     this.done++;
   }
-  requestFailed(requestId: string, message: string): void {
+  requestFailed(requestId: number, message: string): void {
     throw new Error(`${requestId} failed: ${message}`);
   }
   release(): void {}
@@ -37,7 +37,7 @@ function run(): { admitUs: number; nsPerToken: number; tokens: number } {
   const sink = new CountingSink();
   const conductor = new Conductor(graph, sink);
   const llm: CompiledNode = graph.nodeByName.get("llm")!;
-  const ids = Array.from({ length: requests }, (_, i) => `req-${i}`);
+  const ids = Array.from({ length: requests }, (_, i) => i + 1);
   const prompt = new Map<string, Values>([["text_inputs", [{ kind: "tokens", ids: new Int32Array(64) }]]]);
 
   const a0 = process.hrtime.bigint();

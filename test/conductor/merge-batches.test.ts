@@ -9,16 +9,17 @@ import type { PassBatch } from "../../src/transport/messages.js";
 
 let nextPass = 0;
 function batch(id: number, node: string, walk: string, requests: string[]): PassBatch {
+  // Requests named by one letter: a = 1, b = 2, ...
   return {
     batch_id: id,
     node,
     walk,
-    passes: requests.map((request_id) => ({ pass_id: nextPass++, request_id, inputs: [], chunks: [], request_kwargs: {} })),
+    passes: requests.map((name) => ({ pass_id: nextPass++, request_id: name.charCodeAt(0) - 96, inputs: [], chunks: [], request_kwargs: {} })),
     publish: [],
   };
 }
 
-const shape = (batches: PassBatch[]): [string, string, string[]][] => batches.map((b) => [b.node, b.walk, b.passes.map((p) => p.request_id)]);
+const shape = (batches: PassBatch[]): [string, string, string[]][] => batches.map((b) => [b.node, b.walk, b.passes.map((p) => String.fromCharCode(96 + p.request_id))]);
 
 describe("mergeBatches", () => {
   it("merges batches of one (node, walk), keeping arrival order of the passes", () => {

@@ -79,7 +79,7 @@ describe("planPublishing", () => {
 
 function batch(...inputs: { handle: number; worker: number }[]): PassBatch {
   const value = (v: { handle: number; worker: number }) => ({ form: "tensor", ...v, ids: new Int32Array(0), dtype: "float32", shape: [1], segment: "s", offset: 0, nbytes: 4 });
-  return { batch_id: 1, node: "n", walk: "w", passes: [{ pass_id: 1, request_id: "r", inputs: [{ name: "x", values: inputs.map(value) }], chunks: [], request_kwargs: {} }], publish: [] };
+  return { batch_id: 1, node: "n", walk: "w", passes: [{ pass_id: 1, request_id: 1, inputs: [{ name: "x", values: inputs.map(value) }], chunks: [], request_kwargs: {} }], publish: [] };
 }
 
 describe("RemoteReads", () => {

@@ -25,9 +25,9 @@ function speak(tokens: number, requests = 1): { ex: Executor; passes: Map<string
   ex.on("codec", (p, e) => {
     const c = p.chunks[0]!;
     const ids = p.inputs[0]!.map((v) => (v.kind === "tokens" ? v.ids[0]! - 1000 : -1));
-    const list = passes.get(p.requestId) ?? [];
+    const list = passes.get(e.labelOf(p.requestId)) ?? [];
     list.push({ index: c.index, final: c.final, start: c.start, context: c.contextCount, tokens: ids });
-    passes.set(p.requestId, list);
+    passes.set(e.labelOf(p.requestId), list);
     // The codec decodes only the new frames of a window (the context is overlap).
     return { outputs: { audio: [e.tensor(`pcm[${ids.slice(c.contextCount).join(",")}]`, 1)] } };
   });

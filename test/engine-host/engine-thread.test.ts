@@ -42,7 +42,7 @@ async function startThread(): Promise<{ engine: EngineThread; dir: string }> {
 let nextId = 0;
 function request(promptIds: number[], maxTokens: number): EngineRequest {
   return {
-    id: `r${nextId++}`,
+    id: ++nextId,
     promptIds,
     sampling: greedy,
     stop: { maxTokens, eosTokenIds: [], stopTokenIds: [], ignoreEos: true, minTokens: 0 },

@@ -185,12 +185,17 @@ for (const asyncScheduling of [true, false]) {
       assert.equal(engine.stats.numUsedBlocks + engine.stats.numFreeBlocks, 64);
     });
 
-    it("serves a request submitted while another runs, reusing wire ids", async () => {
+    it("names each request on the wire by its own id, added once and removed once", async () => {
       const { engine, executor } = makeEngine({ asyncScheduling, numBlocks: 16, blockSize: 4 });
-      await collect(engine, makeRequest([1], { maxTokens: 2 }));
-      await collect(engine, makeRequest([2], { maxTokens: 2 }));
+      const first = makeRequest([1], { maxTokens: 2 });
+      const second = makeRequest([2], { maxTokens: 2 });
+      await collect(engine, first);
+      await collect(engine, second);
       const addedIds = executor.steps.flatMap((s) => s.added.map((a) => a.req_id));
-      assert.deepEqual(addedIds, [0, 0]);
+      assert.deepEqual(addedIds, [first.id, second.id]);
+      const rows = executor.steps.flatMap((s) => Array.from(s.req_ids));
+      assert.ok(rows.every((id) => id === first.id || id === second.id));
+      assert.deepEqual(executor.steps.flatMap((s) => Array.from(s.removed)).slice(0, 1), [first.id]);
       assert.equal(engine.stats.numRunning + engine.stats.numWaiting, 0);
     });
   });
@@ -217,7 +222,7 @@ for (const asyncScheduling of [true, false]) {
       // The worker is told on the next step.
       executor.onStep = null;
       await collect(engine, makeRequest([1], { maxTokens: 1 }));
-      assert.deepEqual(Array.from(executor.steps.at(-1)!.removed), [0]);
+      assert.deepEqual(Array.from(executor.steps.at(-1)!.removed), [req.id]);
     });
 
     it("aborting a waiting request or an unknown id is harmless", async () => {
@@ -225,7 +230,7 @@ for (const asyncScheduling of [true, false]) {
       const a = collect(engine, makeRequest(range(4), { maxTokens: 3 }));
       const reqB = makeRequest(range(4), { maxTokens: 3 });
       const b = collect(engine, reqB);
-      engine.abort("nope");
+      engine.abort(987654);
       engine.abort(reqB.id);
       engine.abort(reqB.id);
       assert.equal((await b).final.finishReason, "abort");

@@ -253,7 +253,7 @@ export function makeRequest(
   extra: Partial<Omit<EngineRequest, "stop">> = {},
 ): EngineRequest {
   return {
-    id: `r${counter++}`,
+    id: ++counter,
     promptIds,
     sampling: greedy(),
     stop: { maxTokens: 16, eosTokenIds: [], stopTokenIds: [], ignoreEos: false, minTokens: 0, ...stop },

@@ -101,7 +101,7 @@ async function runScenario(config: Config, ops: Op[]): Promise<void> {
     executor.keepSteps = false;
     const engine = new EngineCore(executor, config);
     const maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
-    const submitted: { id: string; prompt: number[]; maxTokens: number; eos: number | null; outputs: RequestOutput[] }[] = [];
+    const submitted: { id: number; prompt: number[]; maxTokens: number; eos: number | null; outputs: RequestOutput[] }[] = [];
 
     const apply = async (op: Op): Promise<void> => {
       switch (op.kind) {

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 import { BlockManager } from "../../src/engine/block-manager.js";
-import { NO_WIRE_ID, Request } from "../../src/engine/request.js";
+import { Request } from "../../src/engine/request.js";
 import { Scheduler, type SchedulerOutput } from "../../src/engine/scheduler.js";
 import { buildStepMessage } from "../../src/engine/step-builder.js";
 import type { SchedulerConfig } from "../../src/engine/types.js";
@@ -27,7 +27,7 @@ function finishStep(scheduler: Scheduler, out: SchedulerOutput): void {
   });
 }
 
-function rows(out: SchedulerOutput): [string, number, number][] {
+function rows(out: SchedulerOutput): [number, number, number][] {
   return out.requests.map((r, i) => [r.id, out.numComputedBefore[i]!, out.numNewTokens[i]!]);
 }
 
@@ -75,14 +75,13 @@ describe("Scheduler", () => {
     let out = scheduler.schedule();
     assert.deepEqual(out.requests, [a, b]);
     finishStep(scheduler, out);
-    const bWire = b.wireId;
     // Both need a third block for position 8; only b can give blocks back.
     out = scheduler.schedule();
     assert.deepEqual(out.requests, [a]);
     assert.deepEqual(out.preempted, [b]);
-    assert.deepEqual(out.removedWireIds, [bWire]);
+    assert.deepEqual(out.removed, [b.id]);
     assert.equal(b.numComputedTokens, 0);
-    assert.equal(b.wireId, NO_WIRE_ID);
+    assert.equal(b.onWorker, false);
     assert.deepEqual(b.blockIds, []);
     assert.deepEqual(scheduler.waiting, [b, c]);
     assert.equal(scheduler.numPreemptions, 1);
@@ -129,18 +128,20 @@ describe("Scheduler", () => {
     kv.checkIntegrity();
   });
 
-  it("finished requests leave the queues and their wire ids are removed next step and reused", () => {
+  it("finished requests leave the queues and are removed from the worker in the next step", () => {
     const { scheduler, kv } = setup();
     const a = add(scheduler, range(3));
     let out = scheduler.schedule();
+    assert.deepEqual(out.added, [a]);
     finishStep(scheduler, out);
-    assert.equal(a.wireId, 0);
+    assert.equal(a.onWorker, true);
     scheduler.finishRequest(a);
     assert.equal(scheduler.finishRequest(a), false);
     const b = add(scheduler, range(3));
     out = scheduler.schedule();
-    assert.deepEqual(out.removedWireIds, [0]);
-    assert.equal(b.wireId, 0);
+    assert.deepEqual(out.removed, [a.id]);
+    assert.deepEqual(out.added, [b]);
+    assert.equal(a.onWorker, false);
     assert.equal(scheduler.numRunning, 1);
     kv.checkIntegrity();
   });

@@ -26,7 +26,7 @@ test("BatonMetrics' request traces feed the live totals and latency samples", ()
     numPreemptions: 0, numSteps: 0, numPrefixQueryTokens: 0, numPrefixHitTokens: 0, numCallbackErrors: 0,
   };
   const metrics = new BatonMetrics({ modelName: "m", engine: { stats, timings: { recent: () => [] } } });
-  const trace = metrics.begin("r1", 7, 1000, 16);
+  const trace = metrics.begin(7, 1000, 16);
   trace.tokens(1, 1040); // TTFT 40 ms
   trace.tokens(3, 1100); // 3 tokens, 20 ms apart on average
   trace.finish("length", 1100);

@@ -51,15 +51,15 @@ describe("BatonMetrics", () => {
     const metrics = new BatonMetrics({ modelName: "m", engine: { stats: stats(), timings: new StepTimingRing(8) }, maxModelLen: 1000 });
     const empty = parseMetrics(await metrics.render());
     assert.equal(empty.get(`vllm:time_to_first_token_seconds_count{${M}}`), 0, "histograms exist before any request");
-    const trace = metrics.begin("r1", 7, 1000, 12);
+    const trace = metrics.begin(7, 1000, 12);
     trace.tokens(1, 1100);
     trace.tokens(1, 1150);
     trace.tokens(2, 1250);
     trace.finish("length", 1250);
     trace.finish("length", 1300); // ignored: already finished
-    metrics.begin("r2", 3, 2000, 5).finish("abort", 2010);
+    metrics.begin(3, 2000, 5).finish("abort", 2010);
     // A first output that carries two tokens: the second follows the first with no gap.
-    const r3 = metrics.begin("r3", 2, 3000, 4);
+    const r3 = metrics.begin(2, 3000, 4);
     r3.tokens(2, 3100);
     r3.tokens(1, 3160);
     r3.finish("length", 3160);
@@ -92,7 +92,7 @@ describe("BatonMetrics", () => {
 
   test("the request phases come from the engine's timing, once per request, in vLLM's latency buckets", async () => {
     const metrics = new BatonMetrics({ modelName: "m", engine: { stats: stats(), timings: new StepTimingRing(8) } });
-    const trace = metrics.begin("r", 4, 0, 8);
+    const trace = metrics.begin(4, 0, 8);
     trace.tokens(1, 10);
     trace.finish("stop", 20);
     trace.phases({ queueMs: 200, prefillMs: 700, decodeMs: 1500, inferenceMs: 2200 });

@@ -80,7 +80,7 @@ for (const asyncScheduling of [true, false]) {
     test("masks reach the steps that wait for them; the lane's own steps never wait", async () => {
       const lane = engine.lanes[0]!;
       // A step of the lane's own goes first: from here on wire ids run ahead of the core's.
-      lane.requestEnded("nobody");
+      lane.requestEnded(999_999);
       await waitUntil(() => events.length > 0 && lane.stepsInFlight === 0, 10_000, "the lane's own step");
       assert.deepEqual(events[0], { kind: "step", id: 0, rows: 0, masked: false });
 
@@ -90,7 +90,7 @@ for (const asyncScheduling of [true, false]) {
             new Promise<{ ids: number[]; last: RequestOutput }>((resolve) => {
               const ids: number[] = [];
               const request: EngineRequest = {
-                id: `lane-${i}`,
+                id: i + 1,
                 promptIds: [9707 + i, 11, 1879, 0],
                 sampling: { ...greedy, temperature: 1, seed: 100 + i },
                 stop: { maxTokens: 24, eosTokenIds: info.eosTokenIds, stopTokenIds: [], ignoreEos: false, minTokens: 0 },
@@ -101,7 +101,7 @@ for (const asyncScheduling of [true, false]) {
               engine.submit(request, (out) => {
                 ids.push(...out.newTokenIds);
                 // Graph work for the lane while the request runs: it rides in the next step, or goes in one of the lane's own.
-                lane.requestEnded(`gone-${i}-${ids.length}`);
+                lane.requestEnded(1_000 * (i + 1) + ids.length);
                 if (out.finished) resolve({ ids, last: out });
               });
             }),

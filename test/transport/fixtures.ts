@@ -94,7 +94,7 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     prompts: [],
     batches: [],
     releases: new Int32Array(0),
-    finished_requests: [],
+    finished_requests: new Int32Array(0),
     mask_rows: Int32Array.from([1]),
     kv_sends: [],
     kv_loads: [],

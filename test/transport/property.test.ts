@@ -68,7 +68,7 @@ const passBatch: fc.Arbitrary<PassBatch> = rec({
   passes: small(
     rec({
       pass_id: int,
-      request_id: str,
+      request_id: int,
       inputs: small(namedValues),
       chunks: small(rec({ name: str, index: int, start: int, context_count: int, final: fc.boolean() })),
       request_kwargs: plain,
@@ -76,12 +76,12 @@ const passBatch: fc.Arbitrary<PassBatch> = rec({
   ),
   publish: strs,
 });
-const promptRequest: fc.Arbitrary<PromptRequest> = rec({ request_id: str, prompt: fc.option(str), input_modalities: strs, output_modalities: strs, kwargs: plain, publish: strs });
-const promptResult: fc.Arbitrary<PromptResult> = rec({ request_id: str, error: fc.option(str), values: small(namedValues) });
+const promptRequest: fc.Arbitrary<PromptRequest> = rec({ request_id: int, prompt: fc.option(str), input_modalities: strs, output_modalities: strs, kwargs: plain, publish: strs });
+const promptResult: fc.Arbitrary<PromptResult> = rec({ request_id: int, error: fc.option(str), values: small(namedValues) });
 const clientChunk: fc.Arbitrary<ClientChunk> = rec({ name: str, modality: str, data: u8, metadata: plain });
 const passResult: fc.Arbitrary<PassResult> = rec({ pass_id: int, error: fc.option(str), outputs: small(namedValues), client_chunks: small(clientChunk), stops: strs });
 
-const kvTransfer: fc.Arbitrary<KvTransfer> = rec({ transfer_id: int, request_id: str, peer_rank: int, block_ids: i32, num_tokens: int });
+const kvTransfer: fc.Arbitrary<KvTransfer> = rec({ transfer_id: int, request_id: int, peer_rank: int, block_ids: i32, num_tokens: int });
 
 const message: fc.Arbitrary<WireMessage> = fc.oneof(
   rec({
@@ -98,7 +98,7 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     prompts: small(promptRequest),
     batches: small(passBatch),
     releases: i32,
-    finished_requests: strs,
+    finished_requests: i32,
     mask_rows: i32,
     kv_sends: small(kvTransfer),
     kv_loads: small(kvTransfer),

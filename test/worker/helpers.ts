@@ -99,7 +99,7 @@ export const NO_GRAPH_WORK = {
   prompts: [],
   batches: [],
   releases: new Int32Array(0),
-  finished_requests: [],
+  finished_requests: new Int32Array(0),
   kv_sends: [],
   kv_loads: [],
   kv_cancels: new Int32Array(0),

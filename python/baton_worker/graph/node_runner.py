@@ -168,7 +168,7 @@ class NodePass:
     """One request's run of a node, as the conductor asks for it."""
 
     pass_id: int
-    request_id: str
+    request_id: int
     inputs: dict[str, list[InputValue]]
     chunks: dict[str, ChunkInfo] = field(default_factory=dict)
     step_metadata: dict[str, Any] = field(default_factory=dict)
@@ -180,7 +180,7 @@ class PassInfo:
     """What a submodule sees of a pass (M*'s CurrentForwardPassInfo, reduced)."""
 
     pass_id: int
-    request_id: str
+    request_id: int
     graph_walk: str
     node: str
     chunks: Mapping[str, ChunkInfo]
@@ -199,7 +199,7 @@ class ClientChunk:
 @dataclass
 class PassResult:
     pass_id: int
-    request_id: str
+    request_id: int
     outputs: dict[str, list[TensorDescriptor]] = field(default_factory=dict)
     client_chunks: list[ClientChunk] = field(default_factory=list)
     stops: list[str] = field(default_factory=list)
@@ -219,7 +219,7 @@ class NodeSubmodule(torch.nn.Module):
     def check_stop(self, graph_walk: str, info: PassInfo, outputs: dict[str, list[torch.Tensor]]) -> set[str]:
         return set()
 
-    def cleanup_request(self, request_id: str) -> None:
+    def cleanup_request(self, request_id: int) -> None:
         pass
 
 
@@ -452,7 +452,7 @@ class NodeRunner:
             if isinstance(value, TensorDescriptor):
                 self.store.release(value.handle)
 
-    def finish_request(self, request_id: str) -> None:
+    def finish_request(self, request_id: int) -> None:
         """The request ended: let every submodule drop its per-request state."""
         for name, module in self.submodules.items():
             cleanup: Callable[[str], None] | None = getattr(module, "cleanup_request", None)

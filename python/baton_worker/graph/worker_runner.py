@@ -130,7 +130,7 @@ class GraphStepRunner:
         """Whether `step` may be launched before the previous step is finished:
         rows only (no graph work, no KV transfer, no connector), which the
         decoder's StepRunner can overlap."""
-        graph_work = len(step.releases) or step.finished_requests or step.prompts or step.batches
+        graph_work = len(step.releases) or len(step.finished_requests) or step.prompts or step.batches
         kv_work = self.kv_connector is not None or len(step.kv_sends) or len(step.kv_loads) or len(step.kv_cancels)
         return self.kv is not None and not graph_work and not kv_work and self.kv.overlaps(step)
 
@@ -146,7 +146,7 @@ class GraphStepRunner:
         """wait_mask: how the rows' StepRunner waits for the grammar masks of a step with mask_rows."""
         t0 = time.perf_counter()
         self._release(step.releases)
-        for request_id in step.finished_requests:
+        for request_id in step.finished_requests.tolist():
             self.nodes.finish_request(request_id)
         prompt_results = [self._prompt(p) for p in step.prompts]
         # KV connector: cancels first (before any load is written), sends copied out before the forward.
