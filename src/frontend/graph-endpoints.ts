@@ -15,6 +15,7 @@ import type { RequestId } from "../engine/types.js";
 import { RequestRejectedError } from "../engine/engine-core.js";
 import type { SamplingParams } from "../transport/messages.js";
 import { SPEECH_CONTENT_TYPES, wavHeader } from "./audio-encoding.js";
+import { samplingOf } from "./sampling.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
 import type { RequestSessions, SessionOwner } from "./request-session.js";
 import { parseImageRequest, parseSpeechRequest } from "./request-validation.js";
@@ -41,24 +42,6 @@ export interface GraphEndpointsOptions {
 /** When a model's chunks do not say (24 kHz, as OpenAI's speech). */
 const DEFAULT_SAMPLE_RATE = 24_000;
 
-function samplingOf(temperature: number, seed: number | null): SamplingParams {
-  return {
-    temperature,
-    top_p: 1,
-    top_k: 0,
-    min_p: 0,
-    seed,
-    presence_penalty: 0,
-    frequency_penalty: 0,
-    repetition_penalty: 1,
-    min_tokens: 0,
-    suppress_token_ids: new Int32Array(0),
-    allowed_token_ids: new Int32Array(0),
-    logit_bias_ids: new Int32Array(0),
-    logit_bias_values: new Float32Array(0),
-    logprobs: -1,
-  };
-}
 
 /**
  * A graph request's events as a pull queue; a client that leaves aborts it

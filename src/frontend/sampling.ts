@@ -68,6 +68,26 @@ export function toSamplingParams(req: SamplingRequest, limits: ModelLimits): Sam
   };
 }
 
+/** A graph request's sampling: its temperature and seed, every other knob off (the graph routes take no more). */
+export function samplingOf(temperature: number, seed: number | null): SamplingParams {
+  return {
+    temperature: temperature < GREEDY_EPSILON ? 0 : temperature,
+    top_p: 1,
+    top_k: 0,
+    min_p: 0,
+    seed,
+    presence_penalty: 0,
+    frequency_penalty: 0,
+    repetition_penalty: 1,
+    min_tokens: 0,
+    suppress_token_ids: new Int32Array(0),
+    allowed_token_ids: new Int32Array(0),
+    logit_bias_ids: new Int32Array(0),
+    logit_bias_values: new Float32Array(0),
+    logprobs: -1,
+  };
+}
+
 export function toStopConditions(req: SamplingRequest, maxTokens: number, limits: ModelLimits): StopConditions {
   return {
     maxTokens,

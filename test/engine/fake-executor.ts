@@ -14,6 +14,7 @@
 import type { ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import type { EngineRequest } from "../../src/engine/types.js";
 import type { StepExecutor } from "../../src/worker/types.js";
+import { samplingOf } from "../../src/frontend/sampling.js";
 
 export interface FakeOptions {
   numBlocks: number;
@@ -226,23 +227,7 @@ export class FakeExecutor implements StepExecutor {
 }
 
 export function greedy(overrides: Partial<SamplingParams> = {}): SamplingParams {
-  return {
-    temperature: 0,
-    top_p: 1,
-    top_k: 0,
-    min_p: 0,
-    seed: null,
-    presence_penalty: 0,
-    frequency_penalty: 0,
-    repetition_penalty: 1,
-    min_tokens: 0,
-    suppress_token_ids: new Int32Array(0),
-    allowed_token_ids: new Int32Array(0),
-    logit_bias_ids: new Int32Array(0),
-    logit_bias_values: new Float32Array(0),
-    logprobs: -1,
-    ...overrides,
-  };
+  return { ...samplingOf(0, null), ...overrides };
 }
 
 let counter = 0;

@@ -6,6 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { SamplingParams, StepMessage } from "../../src/transport/messages.js";
 import type { WorkerOptions } from "../../src/worker/types.js";
+import { samplingOf } from "../../src/frontend/sampling.js";
 
 export function tempDir(tag: string): string {
   return mkdtempSync(join(tmpdir(), `baton-worker-test-${tag}-`));
@@ -77,22 +78,7 @@ export async function waitUntil(condition: () => boolean, timeoutMs: number, wha
   }
 }
 
-export const greedy: SamplingParams = {
-  temperature: 0,
-  top_p: 1,
-  top_k: -1,
-  min_p: 0,
-  seed: null,
-  presence_penalty: 0,
-  frequency_penalty: 0,
-  repetition_penalty: 1,
-  min_tokens: 0,
-  suppress_token_ids: new Int32Array(0),
-  allowed_token_ids: new Int32Array(0),
-  logit_bias_ids: new Int32Array(0),
-  logit_bias_values: new Float32Array(0),
-  logprobs: -1,
-};
+export const greedy: SamplingParams = samplingOf(0, null);
 
 /** The graph fields of a step that carries no graph work. */
 export const NO_GRAPH_WORK = {
