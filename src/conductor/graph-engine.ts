@@ -30,7 +30,7 @@ import { planPublishing, type PublishPlan } from "./publish.js";
 import { RemoteReads } from "./remote-reads.js";
 import { WorkerLane, type AttachedWork, type LaneListener } from "./worker-lane.js";
 import type { WorkerClient } from "../worker/types.js";
-import { DisaggregatedCore } from "../kv-connector/disaggregated-core.js";
+import { DisaggregatedCore, kvNodeRanks } from "../kv-connector/disaggregated-core.js";
 
 /** What runs a kv_cache node: one engine core, or a prefill and a decode core joined by the KV connector. */
 type KvNodeEngine = EngineCore | DisaggregatedCore;
@@ -182,30 +182,24 @@ export class GraphEngine implements LaneListener {
     this.coreLanes = graph.nodes.map(() => null);
     this.cores = graph.nodes.map((node) => {
       if (node.engine !== "kv_cache") return null;
-      const rankOfWalk = new Map(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => [graph.walks[wn.walk]!.name, this.rankOfWalkNode[wn.id]!]));
-      const ranks = new Set(rankOfWalk.values());
+      const placed = kvNodeRanks(node.name, new Map(graph.walkNodes.filter((wn) => wn.node === node).map((wn) => [graph.walks[wn.walk]!.name, this.rankOfWalkNode[wn.id]!])));
       const configOf = (lane: WorkerLane): EngineConfig => {
         const ready = lane.ready;
         if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
         return { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
       };
       const deliverStepOutputs = (emitAll: () => void): void => this.deliverCoreStep(emitAll);
-      const prefillRank = rankOfWalk.get("prefill");
-      const decodeRank = rankOfWalk.get("decode");
-      if (ranks.size === 2 && prefillRank !== undefined && decodeRank !== undefined && prefillRank !== decodeRank) {
+      if ("prefill" in placed) {
         // Prefill/decode disaggregation: the KV connector joins a core on each rank.
-        const prefill = { lane: this.lanes[prefillRank]!, config: configOf(this.lanes[prefillRank]!) };
-        const decode = { lane: this.lanes[decodeRank]!, config: configOf(this.lanes[decodeRank]!) };
+        const prefill = { lane: this.lanes[placed.prefill]!, config: configOf(this.lanes[placed.prefill]!) };
+        const decode = { lane: this.lanes[placed.decode]!, config: configOf(this.lanes[placed.decode]!) };
         const pd = new DisaggregatedCore({ prefill, decode, deliverStepOutputs });
         this.configs[node.id] = { ...decode.config, maxModelLen: Math.min(decode.config.maxModelLen, prefill.config.maxModelLen) };
         this.coreLanes[node.id] = decode.lane;
         this.coreLaneList.push({ core: pd.prefill, lane: prefill.lane }, { core: pd.decode, lane: decode.lane });
         return pd;
       }
-      if (ranks.size !== 1) {
-        throw new Error(`kv_cache node ${node.name} must run on one rank for all its walks (or prefill and decode on two), not ${[...ranks].join(", ")}`);
-      }
-      const lane = this.lanes[[...ranks][0]!]!;
+      const lane = this.lanes[placed.rank]!;
       const ready = lane.ready;
       const config = configOf(lane);
       this.configs[node.id] = config;

@@ -15,7 +15,7 @@ import { EngineCore, RequestRejectedError, type EngineConfig, type EngineStats }
 import type { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestId, TokenCallback } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
-import { DisaggregatedCore } from "../kv-connector/disaggregated-core.js";
+import { DisaggregatedCore, kvNodeRanks } from "../kv-connector/disaggregated-core.js";
 import type { WorkerClient } from "../worker/types.js";
 
 export interface ModelEngine {
@@ -78,8 +78,7 @@ export class LlmEngine implements ModelEngine {
     this.graph = options.graph;
     this.wrapExecutor = options.wrapExecutor;
     const node = options.graph.nodes[0]!;
-    const rankOfWalk = new Map(options.graph.walks.map((w) => [w.name, options.rankOf(node.name, w.name)]));
-    const ranks = new Set(rankOfWalk.values());
+    const placed = kvNodeRanks(node.name, new Map(options.graph.walks.map((w) => [w.name, options.rankOf(node.name, w.name)])));
     // The deployment's max_concurrent_requests is the scheduler's running limit here: later requests wait in its queue.
     const maxRunning = options.maxConcurrentRequests ?? Infinity;
     const settings = { ...options.engine, maxNumSeqs: Math.min(options.engine.maxNumSeqs, maxRunning) };
@@ -93,27 +92,24 @@ export class LlmEngine implements ModelEngine {
       if (worker === undefined) throw new Error(`node ${node.name} is placed on rank ${rank}, which has no worker`);
       return worker;
     };
-    const prefillRank = rankOfWalk.get("prefill");
-    const decodeRank = rankOfWalk.get("decode");
-    if (ranks.size === 2 && prefillRank !== undefined && decodeRank !== undefined) {
+    if ("prefill" in placed) {
       // Prefill/decode disaggregation: the KV connector joins a core on each rank; their lanes carry its sends.
       const side = (rank: number): { lane: WorkerLane; config: EngineConfig } => {
         const worker = workerOf(rank);
         return { lane: new WorkerLane(rank, worker, NO_GRAPH_WORK, this.wrapExecutor?.(rank, worker) ?? worker), config: configOf(worker, rank) };
       };
-      const prefill = side(prefillRank);
-      const decode = side(decodeRank);
+      const prefill = side(placed.prefill);
+      const decode = side(placed.decode);
       const pd = new DisaggregatedCore({ prefill, decode });
       this.engine = pd;
       this.config = { ...decode.config, maxModelLen: Math.min(decode.config.maxModelLen, prefill.config.maxModelLen) };
       this.cores = [
-        { core: pd.prefill, rank: prefillRank, lane: prefill.lane },
-        { core: pd.decode, rank: decodeRank, lane: decode.lane },
+        { core: pd.prefill, rank: placed.prefill, lane: prefill.lane },
+        { core: pd.decode, rank: placed.decode, lane: decode.lane },
       ];
       return;
     }
-    if (ranks.size !== 1) throw new Error(`kv_cache node ${node.name} must run on one rank for all its walks (or prefill and decode on two), not ${[...ranks].join(", ")}`);
-    const rank = [...ranks][0]!;
+    const rank = placed.rank;
     const worker = workerOf(rank);
     this.config = configOf(worker, rank);
     const core = new EngineCore(this.wrapExecutor?.(rank, worker) ?? worker, this.config, { masks: options.stepMasks?.(worker.ready) ?? null });

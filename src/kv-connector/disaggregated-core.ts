@@ -35,6 +35,20 @@ import type { EngineRequest, OutputCallback, RequestId, RequestOutput } from "..
 import type { StepExecutor } from "../worker/types.js";
 import type { KvTransfer } from "../transport/messages.js";
 
+/**
+ * Where a kv_cache node's engine runs, from the rank of each of its walks:
+ * one rank for all of them (one engine core), or its prefill and decode walks
+ * on two ranks (a DisaggregatedCore). Anything else is refused.
+ */
+export function kvNodeRanks(node: string, rankOfWalk: ReadonlyMap<string, number>): { rank: number } | { prefill: number; decode: number } {
+  const ranks = new Set(rankOfWalk.values());
+  const prefill = rankOfWalk.get("prefill");
+  const decode = rankOfWalk.get("decode");
+  if (ranks.size === 2 && prefill !== undefined && decode !== undefined && prefill !== decode) return { prefill, decode };
+  if (ranks.size !== 1) throw new Error(`kv_cache node ${node} must run on one rank for all its walks (or prefill and decode on two), not ${[...ranks].join(", ")}`);
+  return { rank: [...ranks][0]! };
+}
+
 /** Where the prefill worker's KV sends go: its lane, which carries them in its next step. */
 export interface KvSendLane extends StepExecutor {
   readonly rank: number;
