@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "KvWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 
 
 @dataclass
@@ -155,6 +155,21 @@ class PassResult:
 
 
 @dataclass
+class GraphWork:
+    prompts: list[PromptRequest] = dataclasses.field(default_factory=lambda: [])
+    batches: list[PassBatch] = dataclasses.field(default_factory=lambda: [])
+    releases: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    finished_requests: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+@dataclass
+class KvWork:
+    sends: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
+    loads: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
+    cancels: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+@dataclass
 class Step:
     """Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
 
@@ -170,6 +185,8 @@ class Step:
 
     sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
 
+    A Step nests by concern: the rows at the top, mask_rows for grammar masks, graph (GraphWork, nil when the step carries none) for the graph runtime, kv (KvWork, nil when none) for the KV connector.
+
     Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
 
     WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
@@ -178,7 +195,7 @@ class Step:
 
     mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
 
-    KV connector (prefill/decode disaggregation): kv_sends (prefill worker) and kv_loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv_cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs."""
+    KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs."""
 
     step_id: int
     added: list[AddedRequest]
@@ -189,14 +206,9 @@ class Step:
     new_block_counts: np.ndarray
     new_block_ids: np.ndarray
     sample: np.ndarray
-    prompts: list[PromptRequest] = dataclasses.field(default_factory=lambda: [])
-    batches: list[PassBatch] = dataclasses.field(default_factory=lambda: [])
-    releases: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
-    finished_requests: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
-    kv_sends: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
-    kv_loads: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
-    kv_cancels: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    graph: GraphWork | None = None
+    kv: KvWork | None = None
 
 
 @dataclass
@@ -282,7 +294,7 @@ class Fatal:
     message: str
 
 
-STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult}
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "KvWork": KvWork}
 MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
@@ -386,6 +398,17 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("client_chunks", "struct[]", False, "ClientChunk"),
         ("stops", "str[]", False, None),
     ),
+    "GraphWork": (
+        ("prompts", "struct[]", False, "PromptRequest"),
+        ("batches", "struct[]", False, "PassBatch"),
+        ("releases", "i32[]", False, None),
+        ("finished_requests", "i32[]", False, None),
+    ),
+    "KvWork": (
+        ("sends", "struct[]", False, "KvTransfer"),
+        ("loads", "struct[]", False, "KvTransfer"),
+        ("cancels", "i32[]", False, None),
+    ),
 }
 # name -> (tag, sender, fields)
 MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
@@ -402,14 +425,9 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("new_block_counts", "i32[]", False, None),
             ("new_block_ids", "i32[]", False, None),
             ("sample", "u8[]", False, None),
-            ("prompts", "struct[]", False, "PromptRequest"),
-            ("batches", "struct[]", False, "PassBatch"),
-            ("releases", "i32[]", False, None),
-            ("finished_requests", "i32[]", False, None),
             ("mask_rows", "i32[]", False, None),
-            ("kv_sends", "struct[]", False, "KvTransfer"),
-            ("kv_loads", "struct[]", False, "KvTransfer"),
-            ("kv_cancels", "i32[]", False, None),
+            ("graph", "struct", True, "GraphWork"),
+            ("kv", "struct", True, "KvWork"),
         ),
     ),
     "StepMask": (

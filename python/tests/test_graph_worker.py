@@ -33,6 +33,7 @@ from baton_worker.models.demo_tts.text import prompt_ids
 from baton_worker.runtime.options import OptionsError, WorkerOptions, parse_options
 from baton_worker.protocol import (
     AddedRequest,
+    GraphWork,
     ChunkPosition,
     NamedValues,
     NodePass,
@@ -77,7 +78,8 @@ def i32(values=()):
 
 def graph_step(step_id=-1, prompts=(), batches=(), releases=(), finished=()):
     e = i32()
-    return Step(step_id, [], e, e, e, e, e, e, np.zeros(0, np.uint8), list(prompts), list(batches), i32(releases), i32(finished))
+    work = GraphWork(list(prompts), list(batches), i32(releases), i32(finished))
+    return Step(step_id, [], e, e, e, e, e, e, np.zeros(0, np.uint8), graph=work)
 
 
 def run(runner, step):
@@ -217,8 +219,7 @@ class Pipeline:
             i32(counts),
             i32(new_ids),
             np.ones(len(rows), np.uint8),
-            batches=[PassBatch(self.step_id, "codec", "codec_chunk", passes)] if passes else [],
-            finished_requests=i32(finished),
+            graph=GraphWork(batches=[PassBatch(self.step_id, "codec", "codec_chunk", passes)] if passes else [], finished_requests=i32(finished)),
         )
         self.step_id += 1
         result = run(self.runner, step)
@@ -446,7 +447,7 @@ def test_tensor_lifetimes_and_a_failing_forward_with_a_worker_of_rank_3():
     assert len(store) == 1
 
     # Releasing a handle twice is the control plane's bug: the step is refused and changes nothing.
-    with pytest.raises(ProtocolError, match=r"^Step\.releases\[1\]: tensor handle \d+ is not held by worker 3"):
+    with pytest.raises(ProtocolError, match=r"^Step\.graph\.releases\[1\]: tensor handle \d+ is not held by worker 3"):
         runner.execute(graph_step(releases=[h.handle, h.handle]))
     assert len(store) == 1
 
@@ -557,7 +558,7 @@ def test_an_llm_worker_and_a_codec_worker_split_the_model(spawn, model_dir, ref)
     added = AddedRequest(7, prompt, len(prompt), SamplingParams(temperature=0.0))
     blocks = -(-len(prompt) // 8)
     step = Step(0, [added], i32(), i32([7]), i32([len(prompt)]), i32([0]), i32([blocks]), i32(range(blocks)), np.ones(1, np.uint8),
-                batches=[PassBatch(0, "codec", "codec_chunk", [codec_pass(1, 1, streams[1][:16], chunks[1][0][0])])])
+                graph=GraphWork(batches=[PassBatch(0, "codec", "codec_chunk", [codec_pass(1, 1, streams[1][:16], chunks[1][0][0])])]))
     llm.send(step)
     result = llm.recv()
     assert result.req_ids.tolist() == [7] and result.token_ids.tolist() == ref.generate(prompt.tolist(), 1, 0.0, None)[0]

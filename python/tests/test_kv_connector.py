@@ -44,7 +44,7 @@ def _fill(cache: KVCache, seed: int) -> None:
 
 
 def _transfer(tid: int, peer: int, blocks: list[int], tokens: int) -> KvTransfer:
-    return KvTransfer(tid, f"req-{tid}", peer, np.asarray(blocks, np.int32), tokens)
+    return KvTransfer(tid, tid, peer, np.asarray(blocks, np.int32), tokens)
 
 
 def _prefill(port: int, heads: int, backend: str, device: str, finished) -> None:

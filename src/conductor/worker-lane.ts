@@ -187,26 +187,19 @@ export class WorkerLane implements StepExecutor {
   }
 
   private attach(message: StepMessage): AttachedWork {
-    if (this.releases.length > 0) {
-      message.releases = Int32Array.from(this.releases);
-      this.releases = [];
-    }
-    if (this.finished.length > 0) {
-      message.finished_requests = Int32Array.from(this.finished);
-      this.finished = [];
-    }
     if (this.kvSends.length > 0) {
-      message.kv_sends = this.kvSends;
+      message.kv = { sends: this.kvSends, loads: message.kv?.loads ?? [], cancels: message.kv?.cancels ?? NO_INTS };
       this.kvSends = [];
     }
-    if (this.prompts.length === 0 && this.batches.length === 0) return NO_WORK;
+    if (this.releases.length === 0 && this.finished.length === 0 && this.prompts.length === 0 && this.batches.length === 0) return NO_WORK;
     const sent = mergeBatches(this.batches);
     const work: AttachedWork = { prompts: this.prompts, batches: this.batches, sent };
-    message.prompts = this.prompts;
-    message.batches = sent;
+    message.graph = { prompts: this.prompts, batches: sent, releases: Int32Array.from(this.releases), finished_requests: Int32Array.from(this.finished) };
     this.prompts = [];
     this.batches = [];
-    return work;
+    this.releases = [];
+    this.finished = [];
+    return work.prompts.length === 0 && work.batches.length === 0 ? NO_WORK : work;
   }
 
   private hasWork(): boolean {
@@ -274,13 +267,8 @@ function graphOnlyStep(): StepMessage {
     new_block_counts: NO_INTS,
     new_block_ids: NO_INTS,
     sample: NO_BYTES,
-    prompts: [],
-    batches: [],
-    releases: NO_INTS,
-    finished_requests: NO_INTS,
     mask_rows: NO_INTS,
-    kv_sends: [],
-    kv_loads: [],
-    kv_cancels: NO_INTS,
+    graph: null,
+    kv: null,
   };
 }

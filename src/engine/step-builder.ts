@@ -4,9 +4,9 @@
 // worker has). Per-row arrays are views into one buffer: one allocation per
 // step, sized by rows and new blocks, never by total tokens.
 
-import type { AddedRequest, StepMessage } from "../transport/messages.js";
+import type { AddedRequest, KvTransfer, StepMessage } from "../transport/messages.js";
 import type { Request } from "./request.js";
-import type { SchedulerOutput } from "./scheduler.js";
+import type { KvLoad, SchedulerOutput } from "./scheduler.js";
 
 export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMessage {
   const numRows = out.requests.length;
@@ -49,27 +49,26 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     new_block_counts: newBlockCounts,
     new_block_ids: newBlockIds,
     sample,
-    // Graph work (prompts, stateless passes, releases) is attached by the worker lane that sends the step.
-    prompts: [],
-    batches: [],
-    releases: NO_IDS,
-    finished_requests: NO_IDS,
     // Grammar-constrained rows are marked by the engine core after building (engine/step-masks.ts).
     mask_rows: NO_IDS,
-    // KV connector: the sends of a prefill worker are attached by its lane; loads are this engine's own.
-    kv_sends: [],
-    kv_loads: out.kvLoads.map((load) => ({
-      transfer_id: load.transferId,
-      request_id: load.request.id,
-      peer_rank: load.request.kvTransfer?.role === "consumer" ? load.request.kvTransfer.peerRank : -1,
-      block_ids: Int32Array.from(load.blockIds),
-      num_tokens: load.numTokens,
-    })),
-    kv_cancels: out.kvCancels.length === 0 ? NO_IDS : Int32Array.from(out.kvCancels),
+    // Graph work (prompts, stateless passes, releases) is attached by the worker lane that sends the step.
+    graph: null,
+    // KV connector: loads and cancels are this engine's own; a prefill worker's sends are attached by its lane.
+    kv: out.kvLoads.length === 0 && out.kvCancels.length === 0 ? null : { sends: [], loads: out.kvLoads.map(kvLoadOf), cancels: Int32Array.from(out.kvCancels) },
   };
 }
 
 const NO_IDS = new Int32Array(0);
+
+function kvLoadOf(load: KvLoad): KvTransfer {
+  return {
+    transfer_id: load.transferId,
+    request_id: load.request.id,
+    peer_rank: load.request.kvTransfer?.role === "consumer" ? load.request.kvTransfer.peerRank : -1,
+    block_ids: Int32Array.from(load.blockIds),
+    num_tokens: load.numTokens,
+  };
+}
 
 /** Everything the worker keeps for a request; a resumed request brings its outputs so far. */
 function addedRequest(request: Request): AddedRequest {

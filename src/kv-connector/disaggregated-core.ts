@@ -11,9 +11,9 @@
 //    the first token, and the prefill side's block ids for the prompt's
 //    tokens. Its scheduler (get_num_new_matched_tokens / update_state_after_alloc
 //    in vLLM's terms) takes local prefix-cache hits first, allocates blocks
-//    for the rest and names them in its next step's kv_loads; once that step
+//    for the rest and names them in its next step's kv.loads; once that step
 //    is sent (loadsStarted, vLLM's build_connector_meta) the same transfer ids
-//    go to the prefill worker as kv_sends, and the two workers move the bytes
+//    go to the prefill worker as kv.sends, and the two workers move the bytes
 //    with their transfer library (python/baton_worker/kv_connector/).
 // 3. The decode worker reports each load finished or failed in a StepResult:
 //    a loaded request runs from its first token on; a failed load makes it

@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 8;
+export const PROTOCOL_VERSION = 9;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -129,6 +129,19 @@ export interface PassResult {
   stops: string[];
 }
 
+export interface GraphWork {
+  prompts: PromptRequest[];
+  batches: PassBatch[];
+  releases: Int32Array;
+  finished_requests: Int32Array;
+}
+
+export interface KvWork {
+  sends: KvTransfer[];
+  loads: KvTransfer[];
+  cancels: Int32Array;
+}
+
 /**
  * Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
  * A request has one id everywhere (req_id, req_ids, request_id, finished_requests): the control plane's request id, unique among live requests.
@@ -137,11 +150,12 @@ export interface PassResult {
  * Rows: req_ids[i] runs num_new_tokens[i] tokens starting at position num_computed[i]; its input tokens are token_ids[num_computed : num_computed + num_new_tokens] of the worker's own token list, which grows by every token the worker samples for it.
  * new_block_counts[i] block ids taken in order from new_block_ids are appended to row i's block table before the row runs. KV for position p lives in block_table[p // block_size] at offset p % block_size.
  * sample[i] = 1: sample one token from the last position of row i and append it to the request's token list.
+ * A Step nests by concern: the rows at the top, mask_rows for grammar masks, graph (GraphWork, nil when the step carries none) for the graph runtime, kv (KvWork, nil when none) for the KV connector.
  * Graph work, for a worker hosting graph nodes, in this order: releases (the control plane drops its reference to these tensor handles of this worker's store), finished_requests (these requests ended: nodes drop per-request state), prompts (the model's process_prompt per request), the rows above, then each PassBatch (one batched call of a stateless node of one walk, one NodePass per request).
  * WireValue form: 'tokens' (ids inline), 'tensor' (handle in the store of worker rank `worker`, with dtype and shape) or 'empty' (a signal). ChunkPosition: a streaming input's chunk: index in its stream, start (offset of its first item), context_count (leading items an earlier chunk already held), final.
  * Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
  * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
- * KV connector (prefill/decode disaggregation): kv_sends (prefill worker) and kv_loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv_cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
+ * KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
  */
 export interface StepMessage {
   kind: "Step";
@@ -154,14 +168,9 @@ export interface StepMessage {
   new_block_counts: Int32Array;
   new_block_ids: Int32Array;
   sample: Uint8Array;
-  prompts: PromptRequest[];
-  batches: PassBatch[];
-  releases: Int32Array;
-  finished_requests: Int32Array;
   mask_rows: Int32Array;
-  kv_sends: KvTransfer[];
-  kv_loads: KvTransfer[];
-  kv_cancels: Int32Array;
+  graph: GraphWork | null;
+  kv: KvWork | null;
 }
 
 /**
@@ -252,7 +261,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 8,
+  protocolVersion: 9,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -352,6 +361,17 @@ export const WIRE_TABLES: WireTables = {
       { name: "client_chunks", type: { kind: "struct[]", struct: "ClientChunk", nullable: false, text: "ClientChunk[]" } },
       { name: "stops", type: { kind: "str[]", nullable: false, text: "str[]" } },
     ],
+    GraphWork: [
+      { name: "prompts", type: { kind: "struct[]", struct: "PromptRequest", nullable: false, text: "PromptRequest[]" } },
+      { name: "batches", type: { kind: "struct[]", struct: "PassBatch", nullable: false, text: "PassBatch[]" } },
+      { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "finished_requests", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+    ],
+    KvWork: [
+      { name: "sends", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
+      { name: "loads", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
+      { name: "cancels", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+    ],
   },
   messages: {
     Step: {
@@ -367,14 +387,9 @@ export const WIRE_TABLES: WireTables = {
         { name: "new_block_counts", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "new_block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "sample", type: { kind: "u8[]", nullable: false, text: "u8[]" } },
-        { name: "prompts", type: { kind: "struct[]", struct: "PromptRequest", nullable: false, text: "PromptRequest[]" } },
-        { name: "batches", type: { kind: "struct[]", struct: "PassBatch", nullable: false, text: "PassBatch[]" } },
-        { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
-        { name: "finished_requests", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
-        { name: "kv_sends", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
-        { name: "kv_loads", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
-        { name: "kv_cancels", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "graph", type: { kind: "struct", struct: "GraphWork", nullable: true, text: "GraphWork?" } },
+        { name: "kv", type: { kind: "struct", struct: "KvWork", nullable: true, text: "KvWork?" } },
       ],
     },
     StepMask: {

@@ -52,8 +52,8 @@ class DecodeLane implements KvSendLane, StepExecutor {
     throw new Error("the decode side sends nothing");
   }
   async executeStep(step: StepMessage): Promise<StepResultMessage> {
-    for (const id of step.kv_cancels) this.cancelled.add(id);
-    for (const load of step.kv_loads) this.loads.set(load.transfer_id, load);
+    for (const id of step.kv?.cancels ?? []) this.cancelled.add(id);
+    for (const load of step.kv?.loads ?? []) this.loads.set(load.transfer_id, load);
     const result = await this.fake.executeStep(step);
     const loaded: number[] = [];
     const failed: number[] = [];

@@ -91,14 +91,9 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     new_block_counts: Int32Array.from([1, 1]),
     new_block_ids: Int32Array.from([4, 5]),
     sample: Uint8Array.from([1, 1]),
-    prompts: [],
-    batches: [],
-    releases: new Int32Array(0),
-    finished_requests: new Int32Array(0),
     mask_rows: Int32Array.from([1]),
-    kv_sends: [],
-    kv_loads: [],
-    kv_cancels: new Int32Array(0),
+    graph: null,
+    kv: null,
     ...overrides,
   };
 }

@@ -80,16 +80,8 @@ export async function waitUntil(condition: () => boolean, timeoutMs: number, wha
 
 export const greedy: SamplingParams = samplingOf(0, null);
 
-/** The graph fields of a step that carries no graph work. */
-export const NO_GRAPH_WORK = {
-  prompts: [],
-  batches: [],
-  releases: new Int32Array(0),
-  finished_requests: new Int32Array(0),
-  kv_sends: [],
-  kv_loads: [],
-  kv_cancels: new Int32Array(0),
-} satisfies Partial<StepMessage>;
+/** The fields of a step that carries no graph work and no KV transfer. */
+export const NO_GRAPH_WORK = { graph: null, kv: null } satisfies Partial<StepMessage>;
 
 /** A step that adds one request and prefills all of its prompt into fresh blocks. */
 export function prefillStep(stepId: number, reqId: number, prompt: number[], firstBlock: number, sampling: SamplingParams = greedy): StepMessage {

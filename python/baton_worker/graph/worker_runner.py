@@ -1,7 +1,8 @@
 """A worker's Step executor for graph models: the wire side of NodeRunner and StepRunner.
 
 One Step carries a worker's whole share of a conductor step. `GraphStepRunner`
-runs it in the schema's order (protocol/schema.json, Step semantics):
+runs it in the schema's order (protocol/schema.json, Step semantics), its graph
+work (`Step.graph`) around the rows:
 
 1. `releases`: the control plane drops its reference to each handle of this
    worker's TensorStore (a handle this worker does not hold is a ProtocolError:
@@ -42,7 +43,7 @@ import numpy as np
 
 from .. import protocol
 from ..kv_connector import KvConnectorWorker
-from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
+from ..protocol import GraphWork, KvWork, ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..runtime.step_runner import StepRunner
 from ..transfer.shm import ShmArena, ShmFull, ShmReader, ShmRef
 from .authoring import EngineType
@@ -56,6 +57,10 @@ from .node_runner import (
     TensorDescriptor,
     TokenIds,
 )
+
+# What a step without graph work or a KV transfer carries of them (Step.graph / Step.kv are nil).
+NO_GRAPH_WORK = GraphWork()
+NO_KV_WORK = KvWork()
 
 # Step fields that drive the KV rows: any of them non-empty needs a kv_cache node here.
 _KV_FIELDS = ("added", "removed", "req_ids", "num_new_tokens", "num_computed", "new_block_counts", "new_block_ids", "sample", "mask_rows")
@@ -130,9 +135,7 @@ class GraphStepRunner:
         """Whether `step` may be launched before the previous step is finished:
         rows only (no graph work, no KV transfer, no connector), which the
         decoder's StepRunner can overlap."""
-        graph_work = len(step.releases) or len(step.finished_requests) or step.prompts or step.batches
-        kv_work = self.kv_connector is not None or len(step.kv_sends) or len(step.kv_loads) or len(step.kv_cancels)
-        return self.kv is not None and not graph_work and not kv_work and self.kv.overlaps(step)
+        return self.kv is not None and step.graph is None and step.kv is None and self.kv_connector is None and self.kv.overlaps(step)
 
     def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None, overlaps: bool | None = None):
         """The step launched (finish() gives its result): overlappable steps only
@@ -145,34 +148,36 @@ class GraphStepRunner:
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """wait_mask: how the rows' StepRunner waits for the grammar masks of a step with mask_rows."""
         t0 = time.perf_counter()
-        self._release(step.releases)
-        for request_id in step.finished_requests.tolist():
+        graph = step.graph or NO_GRAPH_WORK
+        kv = step.kv or NO_KV_WORK
+        self._release(graph.releases)
+        for request_id in graph.finished_requests.tolist():
             self.nodes.finish_request(request_id)
-        prompt_results = [self._prompt(p) for p in step.prompts]
+        prompt_results = [self._prompt(p) for p in graph.prompts]
         # KV connector: cancels first (before any load is written), sends copied out before the forward.
         connector = self.kv_connector
         if connector is not None:
-            connector.cancel(step.kv_cancels)
-            connector.start_sends(step.kv_sends)
-            connector.start_loads(step.kv_loads)
+            connector.cancel(kv.cancels)
+            connector.start_sends(kv.sends)
+            connector.start_loads(kv.loads)
         t1 = time.perf_counter()
         result = self._rows(step, wait_mask)
         t2 = time.perf_counter()
-        pass_results = [r for batch in step.batches for r in self._batch(batch)]
+        pass_results = [r for batch in graph.batches for r in self._batch(batch)]
         t3 = time.perf_counter()
         result.prompt_results = prompt_results
         result.pass_results = pass_results
         if connector is not None:
             # A step with nothing else to do only asks how the loads stand: it waits a little for one.
-            idle = not len(step.req_ids) and not step.batches and not step.prompts and not step.kv_loads
+            idle = not len(step.req_ids) and not graph.batches and not graph.prompts and not kv.loads
             report = connector.poll(0.02 if idle and connector.has_pending_loads else 0.0)
             result.kv_loaded = np.asarray(report.loaded, np.int32)
             result.kv_load_failed = np.asarray(report.failed, np.int32)
             result.kv_load_errors = report.errors
             result.kv_bytes = report.nbytes
-        elif len(step.kv_loads):
-            result.kv_load_failed = np.asarray([t.transfer_id for t in step.kv_loads], np.int32)
-            result.kv_load_errors = [f"worker {self.rank} has no KV connector"] * len(step.kv_loads)
+        elif kv.loads:
+            result.kv_load_failed = np.asarray([t.transfer_id for t in kv.loads], np.int32)
+            result.kv_load_errors = [f"worker {self.rank} has no KV connector"] * len(kv.loads)
         result.timings.prepare_ms += (t1 - t0) * 1e3
         result.timings.forward_ms += (t3 - t2) * 1e3
         return result
@@ -189,7 +194,7 @@ class GraphStepRunner:
             if store.refs(handle) < wanted[handle]:
                 # Checked before anything is freed: a bad step changes nothing.
                 raise ProtocolError(
-                    f"Step.releases[{i}]", f"tensor handle {handle} is not held by worker {self.rank} (released twice?)"
+                    f"Step.graph.releases[{i}]", f"tensor handle {handle} is not held by worker {self.rank} (released twice?)"
                 )
         for handle, count in wanted.items():
             if store.release(handle, count):

@@ -1,15 +1,15 @@
 """The KV connector's worker half: moves KV blocks between a prefill and a decode worker.
 
 Split as vLLM's KVConnectorBase_V1 worker side: the KV cache is registered
-once (its layout is the handshake's content), each Step's kv_sends and
-kv_loads start asynchronous transfers (start_load_kv / save_kv), and every
+once (its layout is the handshake's content), each Step's kv.sends and
+kv.loads start asynchronous transfers (start_load_kv / save_kv), and every
 StepResult reports the loads that finished since the last one (get_finished).
 
 - A send copies its blocks out of the cache into one staging tensor when its
   step arrives, before that step's forward, so the engine may hand those
   blocks to another request from the next step on whatever the transfer does.
 - A load receives into a staging tensor and is written into the cache only
-  in poll(), after the step's kv_cancels were applied: a cancelled load (its
+  in poll(), after the step's kv.cancels were applied: a cancelled load (its
   request ended, its blocks may have a new owner) is dropped instead. A load
   reported in a StepResult is thus in the cache before any later step runs.
 - A load that fails (the transport says why, or it takes longer than
