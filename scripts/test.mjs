@@ -1,5 +1,6 @@
 #!/usr/bin/env node
-// Runs every test: the layer check of src/ (scripts/check-layers.mjs), the
+// Runs every test: the layer check of src/ (scripts/check-layers.mjs), knip's
+// check for unused exports, files and dependencies (knip.jsonc), the
 // TypeScript suites (node:test, against the compiled dist/test tree) and the
 // Python worker's pytest suite, then prints the slowest twenty tests and one
 // closing line "N passed, M failed". Exits non-zero if anything failed.
@@ -120,6 +121,12 @@ function runPythonTests() {
 // The layers of src/ first: a back-arrow or an import cycle fails the run at once.
 const layers = spawnSync(process.execPath, [join(root, "scripts", "check-layers.mjs")], { cwd: root, stdio: "inherit" });
 if (layers.status !== 0) process.exit(1);
+// Then knip (knip.jsonc): an unused export, exported type, file or dependency fails it too.
+const knip = spawnSync(process.execPath, [join(root, "node_modules", "knip", "bin", "knip.js"), "--no-progress"], { cwd: root, stdio: "inherit" });
+if (knip.status !== 0) {
+  console.error("knip failed (above): delete what nothing uses; drop the export of what only its own file uses");
+  process.exit(1);
+}
 buildTypeScript();
 const started = Date.now();
 const node = runNodeTests();

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "KvWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 
 
 @dataclass
@@ -163,6 +163,16 @@ class GraphWork:
 
 
 @dataclass
+class PoolingInfo:
+    pooling_type: str
+    normalize: bool
+    dimensions: int
+    causal: bool
+    is_matryoshka: bool
+    matryoshka_dimensions: list[int]
+
+
+@dataclass
 class KvWork:
     sends: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
     loads: list[KvTransfer] = dataclasses.field(default_factory=lambda: [])
@@ -231,7 +241,9 @@ class Shutdown:
 
 @dataclass
 class Ready:
-    """graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode."""
+    """pooling: nil for a generating model; for a pooling model (--runner pooling) how its prompt becomes one vector. Every request of such a worker is prefill only: the row that reaches the end of its prompt (sample = 1) is pooled instead of sampled (StepResult.pooled). pooling_type: cls (first position), mean (every position) or last (last position) of the last hidden layer; normalize: the vector is L2-normalized; dimensions: its length; causal false: a bidirectional encoder, which needs a request's whole prompt in one row (never chunked, never a prefix-cache hit) and keeps no KV (num_blocks only counts for the scheduler); is_matryoshka / matryoshka_dimensions: the model's config allows truncating the vector (to those lengths only, when listed).
+
+    graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode."""
 
     protocol_version: int
     num_blocks: int
@@ -243,6 +255,7 @@ class Ready:
     device: str
     worker_pid: int
     graph: Any
+    pooling: PoolingInfo | None = None
 
 
 @dataclass
@@ -280,6 +293,7 @@ class StepResult:
     kv_load_failed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     kv_load_errors: list[str] = dataclasses.field(default_factory=lambda: [])
     kv_bytes: int = 0
+    pooled: np.ndarray | None = None
 
 
 @dataclass
@@ -294,7 +308,7 @@ class Fatal:
     message: str
 
 
-STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "KvWork": KvWork}
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "PoolingInfo": PoolingInfo, "KvWork": KvWork}
 MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
@@ -404,6 +418,14 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("releases", "i32[]", False, None),
         ("finished_requests", "i32[]", False, None),
     ),
+    "PoolingInfo": (
+        ("pooling_type", "str", False, None),
+        ("normalize", "bool", False, None),
+        ("dimensions", "int", False, None),
+        ("causal", "bool", False, None),
+        ("is_matryoshka", "bool", False, None),
+        ("matryoshka_dimensions", "int[]", False, None),
+    ),
     "KvWork": (
         ("sends", "struct[]", False, "KvTransfer"),
         ("loads", "struct[]", False, "KvTransfer"),
@@ -464,6 +486,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("device", "str", False, None),
             ("worker_pid", "int", False, None),
             ("graph", "any", False, None),
+            ("pooling", "struct", True, "PoolingInfo"),
         ),
     ),
     "StepResult": (
@@ -489,6 +512,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("kv_load_failed", "i32[]", False, None),
             ("kv_load_errors", "str[]", False, None),
             ("kv_bytes", "int", False, None),
+            ("pooled", "f32[]", True, None),
         ),
     ),
     "Pong": (

@@ -99,7 +99,7 @@ def test_arrays_decode_zero_copy_little_endian():
 def test_wire_layout_follows_schema_order():
     wire = protocol.to_wire(sample_messages()["ready"])
     graph = {"version": 1, "nodes": [{"name": "llm", "engine": "kv_cache", "overlap": True}]}
-    assert wire == ["ready", 2, 4096, 16, 32768, 151936, "Qwen3ForCausalLM", "bfloat16", "cuda:0", 4242, graph]
+    assert wire == ["ready", 2, 4096, 16, 32768, 151936, "Qwen3ForCausalLM", "bfloat16", "cuda:0", 4242, graph, None]
     assert msgpack.unpackb(protocol.encode(protocol.Shutdown())) == ["shutdown"]
 
 

@@ -63,7 +63,7 @@ export interface CompareOptions {
   rounds: number;
 }
 
-export interface CompareRun {
+interface CompareRun {
   server: string;
   round: number;
   temperature: number;
@@ -88,7 +88,7 @@ function shellQuote(value: string): string {
 }
 
 /** Installs the peer's Python requirements into the worker's interpreter when its probe import fails. */
-export function ensurePeerRequirements(peer: PeerSpec, python: string, log: (line: string) => void): void {
+function ensurePeerRequirements(peer: PeerSpec, python: string, log: (line: string) => void): void {
   if (peer.requirements === null) return;
   const probe = spawnSync(python, ["-c", peer.requirements.probe], { encoding: "utf8" });
   if (probe.status === 0) return;

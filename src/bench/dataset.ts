@@ -46,7 +46,7 @@ export interface BenchTokenizer {
   ordinaryIds: Int32Array;
 }
 
-export class DatasetError extends Error {
+class DatasetError extends Error {
   constructor(message: string) {
     super(message);
     this.name = "DatasetError";

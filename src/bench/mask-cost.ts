@@ -20,7 +20,7 @@ import { encode } from "../transport/codec.js";
 import { resolvePythonEnv } from "../worker/python-env.js";
 import { readModelDir } from "../config/model-dir.js";
 
-export const MASK_BENCH_SCHEMA = {
+const MASK_BENCH_SCHEMA = {
   type: "object",
   properties: {
     log: {

@@ -20,7 +20,7 @@ export interface LatencyStats {
   percentiles: Record<string, number>;
 }
 
-export interface ThroughputPoint {
+interface ThroughputPoint {
   /** Seconds since the benchmark started (bucket start). */
   t: number;
   outputTokensPerS: number;

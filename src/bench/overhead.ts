@@ -55,9 +55,9 @@ import type { LoadFormat, WorkerOptions } from "../worker/types.js";
 /** Phases of a step in each placement (see the top of this file). */
 export const THREAD_PHASES = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "post", "step"] as const;
 export const MAIN_PHASES = ["schedule", "build", "encode", "worker_round_trip", "decode", "process", "detokenize", "stream", "step"] as const;
-export type Phase = (typeof THREAD_PHASES)[number] | (typeof MAIN_PHASES)[number];
+type Phase = (typeof THREAD_PHASES)[number] | (typeof MAIN_PHASES)[number];
 
-export interface Percentiles {
+interface Percentiles {
   p50: number;
   p99: number;
   mean: number;
@@ -113,7 +113,7 @@ export interface OverheadOptions {
 const BLOCK_SIZE = 16;
 const MAX_MODEL_LEN = 4096;
 
-export function percentiles(values: readonly number[]): Percentiles {
+function percentiles(values: readonly number[]): Percentiles {
   if (values.length === 0) return { p50: Number.NaN, p99: Number.NaN, mean: Number.NaN };
   const sorted = Float64Array.from(values).sort();
   const at = (q: number): number => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] as number;

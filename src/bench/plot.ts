@@ -18,7 +18,7 @@ export class PlotError extends Error {
   }
 }
 
-export function chartOption(title: string, metrics: BenchMetrics): EChartsOption {
+function chartOption(title: string, metrics: BenchMetrics): EChartsOption {
   const first = metrics.latency.ttft;
   const stats: { name: string; pick: (m: (typeof metrics.latency)["ttft"]) => number }[] = [
     { name: "mean", pick: (s) => s.mean },
@@ -92,7 +92,7 @@ function formatMs(value: number): string {
 }
 
 /** Renders the chart to SVG in Node (ECharts server-side rendering). */
-export async function renderSvg(option: EChartsOption): Promise<string> {
+async function renderSvg(option: EChartsOption): Promise<string> {
   const echarts = await importOrExplain(() => import("echarts"), "echarts");
   const chart = echarts.init(null, null, { renderer: "svg", ssr: true, width: WIDTH, height: HEIGHT });
   try {
@@ -103,7 +103,7 @@ export async function renderSvg(option: EChartsOption): Promise<string> {
   }
 }
 
-export async function svgToPng(svg: string): Promise<Buffer> {
+async function svgToPng(svg: string): Promise<Buffer> {
   const { Resvg } = await importOrExplain(() => import("@resvg/resvg-js"), "@resvg/resvg-js");
   const rendered = new Resvg(svg, { background: "#ffffff", font: { loadSystemFonts: true, defaultFontFamily: "DejaVu Sans" } }).render();
   return rendered.asPng();

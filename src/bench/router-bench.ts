@@ -38,7 +38,7 @@ export interface RouterBenchOptions {
   rounds: number;
 }
 
-export interface PolicyResult {
+interface PolicyResult {
   policy: RouterPolicy;
   requests: number;
   failed: number;

@@ -30,13 +30,13 @@ export interface SoakOptions {
 }
 
 /** Memory and descriptors of one process at one moment. */
-export interface ProcessSample {
+interface ProcessSample {
   role: "server" | "worker";
   pid: number;
   rssMiB: number;
 }
 
-export interface SoakState {
+interface SoakState {
   freeKvBlocks: number;
   kvBlocks: number;
   tensorsHeld: number;

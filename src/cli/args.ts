@@ -2,14 +2,15 @@
 // strict mode: an unknown flag or a bad value is a usage error (exit 2).
 
 import { parseArgs } from "node:util";
-import type { Device, DistributedExecutorBackend, Dtype, LoadFormat } from "../worker/types.js";
+import type { Device, DistributedExecutorBackend, Dtype, LoadFormat, Runner } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
 import { REASONING_PARSERS, type ReasoningParserName } from "../reasoning/reasoning-parser.js";
 import { TOOL_CALL_PARSERS, type ToolCallParserName } from "../tool-parsers/tool-parser.js";
 import { CACHE_AWARE_DEFAULTS, ROUTER_POLICIES, type RouterOptions } from "../router/router.js";
 import { DEFAULT_MAX_IMAGE_BYTES, type MediaOptions } from "../frontend/media.js";
+import { RESPONSES_STORE_DEFAULTS, type ResponseStoreOptions } from "../frontend/responses/store.js";
 
-export type SchedulingPolicy = "fcfs" | "priority";
+type SchedulingPolicy = "fcfs" | "priority";
 const SCHEDULING_POLICIES: readonly SchedulingPolicy[] = ["fcfs", "priority"];
 
 /** A command-line mistake: printed with a hint and exit code 2. */
@@ -39,6 +40,8 @@ export interface ServeOptions {
   /** Passed to the worker, which checks it (auto: cpu on CPU, triton on CUDA). */
   attentionBackend: string;
   enforceEager: boolean;
+  /** --runner: generate, pooling (embedding models) or auto (pooling for a sentence-transformers directory or an encoder). */
+  runner: Runner;
   enablePrefixCaching: boolean;
   /** Overlap scheduling: the engine builds step N+1 while the worker runs N (--no-async-scheduling turns it off). */
   asyncScheduling: boolean;
@@ -81,9 +84,11 @@ export interface ServeOptions {
   router: RouterOptions;
   /** What image_url parts may load and how many and how large (vLLM's media flags). */
   media: MediaOptions;
+  /** How many bytes of stored responses (/v1/responses, store: true) are kept, and how long. */
+  responsesStore: ResponseStoreOptions;
 }
 
-export const SERVE_DEFAULTS = {
+const SERVE_DEFAULTS = {
   host: "127.0.0.1",
   port: 8000,
   maxNumSeqs: 256,
@@ -118,6 +123,7 @@ const SERVE_FLAGS = {
   device: { type: "string" },
   seed: { type: "string" },
   "load-format": { type: "string" },
+  runner: { type: "string" },
   "attention-backend": { type: "string" },
   "enforce-eager": { type: "boolean" },
   "enable-prefix-caching": { type: "boolean" },
@@ -148,6 +154,8 @@ const SERVE_FLAGS = {
   "allowed-local-media-path": { type: "string" },
   "limit-mm-per-prompt": { type: "string" },
   "max-image-bytes": { type: "string" },
+  "responses-store-max-bytes": { type: "string" },
+  "responses-store-ttl": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -162,6 +170,7 @@ const DTYPES: Record<string, Dtype> = {
 };
 const DEVICES: readonly Device[] = ["auto", "cpu", "cuda"];
 const LOAD_FORMATS: readonly LoadFormat[] = ["auto", "dummy", "dummy-null"];
+const RUNNERS: readonly Runner[] = ["auto", "generate", "pooling"];
 const EXECUTOR_BACKENDS: readonly DistributedExecutorBackend[] = ["mp", "ray"];
 
 /**
@@ -319,6 +328,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       loadFormat: choice(values["load-format"], "load-format", LOAD_FORMATS, SERVE_DEFAULTS.loadFormat),
       attentionBackend: values["attention-backend"] ?? "auto",
       enforceEager: values["enforce-eager"] === true,
+      runner: choice(values.runner, "runner", RUNNERS, "auto"),
       enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
       asyncScheduling: values["no-async-scheduling"] !== true,
       engineThread: values["no-engine-thread"] !== true,
@@ -345,6 +355,10 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
         allowedLocalPath: values["allowed-local-media-path"] ?? null,
         maxImagesPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]),
         maxImageBytes: intFlag(values["max-image-bytes"], "max-image-bytes", 1, DEFAULT_MAX_IMAGE_BYTES),
+      },
+      responsesStore: {
+        maxBytes: intFlag(values["responses-store-max-bytes"], "responses-store-max-bytes", 0, RESPONSES_STORE_DEFAULTS.maxBytes),
+        ttlMs: (secondsFlag(values["responses-store-ttl"], "responses-store-ttl", 1) ?? RESPONSES_STORE_DEFAULTS.ttlMs / 1000) * 1000,
       },
     },
   };
@@ -390,9 +404,9 @@ Options:
 
 export const SERVE_HELP = `Usage: baton serve [model-dir] [options]
 
-Serves POST /v1/completions, POST /v1/chat/completions, GET /v1/models and
-GET /health. Without model-dir, serves the bundled demo model (models/demo,
-built by npm run setup) as "baton-demo".
+Serves POST /v1/completions, POST /v1/chat/completions, POST /v1/responses,
+GET /v1/models and GET /health. Without model-dir, serves the bundled demo
+model (models/demo, built by npm run setup) as "baton-demo".
 
 Options (vLLM's names; --flag value or --flag=value):
   --host HOST                      address to listen on (default ${SERVE_DEFAULTS.host})
@@ -411,6 +425,9 @@ Options (vLLM's names; --flag value or --flag=value):
                                    dummy: random decoder weights of the config's shapes, no
                                    weight files; dummy-null: no model at all, each token is
                                    the last + 1 (both for tests and benchmarks)
+  --runner auto|generate|pooling   pooling: an embedding model (/v1/embeddings); auto (default):
+                                   pooling for a sentence-transformers directory (modules.json)
+                                   or an encoder (BertModel, XLMRobertaModel), else generate
   --attention-backend auto|triton|flex|cpu|reference
                                    the worker's attention kernels (default auto: triton on
                                    CUDA, cpu on CPU)
@@ -460,6 +477,10 @@ Options (vLLM's names; --flag value or --flag=value):
   --allowed-local-media-path DIR   image_url parts may read file:// URLs under DIR (default: none)
   --limit-mm-per-prompt JSON       most images per prompt, e.g. '{"image": 2}' (default: no limit)
   --max-image-bytes N              largest image accepted, in bytes (default 20M = 20 MiB)
+  --responses-store-max-bytes N    stored responses (/v1/responses with store: true) kept in memory for
+                                   previous_response_id, GET and background; least recently used go first
+                                   past N bytes; 0: none kept (default 256M = 256 MiB; a restart forgets them)
+  --responses-store-ttl SECONDS    a stored response is forgotten this long after it finished (default 86400)
   --api-key KEY                    require 'Authorization: Bearer KEY' on every route but /health
   --log-level LEVEL                trace|debug|info|warn|error|fatal|silent (default ${SERVE_DEFAULTS.logLevel})
   -h, --help                       show this help

@@ -15,7 +15,7 @@ import { runSoak, soakReport } from "../bench/soak.js";
 import { routerBenchReport, runRouterBench, type RouterBenchOptions } from "../bench/router-bench.js";
 import { COMPARE_HELP, parseCompareArgs, parseServeBenchArgs, runCompareCommand, runServeCommand, SERVE_BENCH_HELP, type CompareArgs, type ServeBenchArgs } from "./bench-serve.js";
 
-export const BENCH_HELP = `Usage: baton bench <benchmark> [options]
+const BENCH_HELP = `Usage: baton bench <benchmark> [options]
 
 Benchmarks:
   serve      load an OpenAI-compatible server (Baton or any other) with
@@ -33,7 +33,7 @@ Benchmarks:
 Run 'baton bench <benchmark> --help' for its options.
 `;
 
-export const OVERHEAD_HELP = `Usage: baton bench overhead [model-dir] [options]
+const OVERHEAD_HELP = `Usage: baton bench overhead [model-dir] [options]
 
 Runs B concurrent streaming /v1/completions requests (ignore_eos, long
 max_tokens) through the real HTTP server and engine core against a Python
@@ -62,7 +62,7 @@ Options:
   -h, --help             show this help
 `;
 
-export const MASKS_HELP = `Usage: baton bench masks [model-dir] [options]
+const MASKS_HELP = `Usage: baton bench masks [model-dir] [options]
 
 What structured output costs per engine step with R constrained rows: the
 grammar thread advancing each row's matcher and making its token bitmask,
@@ -78,7 +78,7 @@ Options:
   -h, --help       show this help
 `;
 
-export interface MasksArgs {
+interface MasksArgs {
   kind: "masks";
   help: boolean;
   modelDir: string | null;
@@ -115,7 +115,7 @@ function parseMasksArgs(rest: readonly string[]): MasksArgs {
   };
 }
 
-export const SOAK_HELP = `Usage: baton bench soak [model-dir] [options]
+const SOAK_HELP = `Usage: baton bench soak [model-dir] [options]
 
 Starts baton serve (model-dir defaults to models/demo) and drives it for N
 minutes with mixed load: streamed and collected completions at temperatures
@@ -141,7 +141,7 @@ Options:
   -h, --help             show this help
 `;
 
-export const ROUTER_HELP = `Usage: baton bench router [model-dir] [options]
+const ROUTER_HELP = `Usage: baton bench router [model-dir] [options]
 
 Starts baton serve --data-parallel-size N (model-dir defaults to models/demo)
 with --router cache-aware, then with --router round-robin, and sends each the
@@ -173,7 +173,7 @@ Options:
 `;
 
 /** `baton bench router`: the bench's options (less what the CLI fills in) and how to print. */
-export interface RouterArgs extends Omit<RouterBenchOptions, "repoRoot" | "serveArgs"> {
+interface RouterArgs extends Omit<RouterBenchOptions, "repoRoot" | "serveArgs"> {
   kind: "router";
   help: boolean;
   serveArgs: string[];
@@ -233,7 +233,7 @@ function parseRouterArgs(rest: readonly string[]): RouterArgs {
   };
 }
 
-export interface SoakArgs {
+interface SoakArgs {
   kind: "soak";
   help: boolean;
   modelDir: string | null;
@@ -245,7 +245,7 @@ export interface SoakArgs {
   json: boolean;
 }
 
-export interface OverheadArgs {
+interface OverheadArgs {
   kind: "overhead";
   help: boolean;
   modelDir: string | null;

@@ -31,7 +31,7 @@ import { createLogger, type Logger } from "../observability/logger.js";
 import { BatonMetrics } from "../observability/metrics.js";
 import { ProgressBar } from "../observability/progress.js";
 
-export const DEMO_MODEL_NAME = "baton-demo";
+const DEMO_MODEL_NAME = "baton-demo";
 /** Compiled grammars the grammar thread keeps. */
 const GRAMMAR_CACHE_SIZE = 64;
 /** How long shutdown waits for open connections before moving on. */
@@ -199,6 +199,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         loadFormat: options.loadFormat,
         attentionBackend: options.attentionBackend,
         enforceEager: options.enforceEager,
+        runner: options.runner,
         maxNumSeqs: options.maxNumSeqs,
         onLoadProgress: progressBar?.update,
         stepTimeoutMs: options.stepTimeoutS === null ? undefined : options.stepTimeoutS * 1000,
@@ -251,8 +252,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     ...(dataParallel === null ? {} : { replicas: dataParallel.replicas, router: dataParallel }),
   });
   if (grammars !== null) {
-    // A model whose graph gives no text has nothing for a grammar to constrain (its text endpoints answer 400).
-    const servesText = outputModalities.includes("text");
+    // A model whose graph gives no text (or a pooling model) has nothing for a grammar to constrain.
+    const servesText = outputModalities.includes("text") && ready.pooling === null;
     const grammarProblem = !servesText
       ? null
       : ready.vocab_size !== grammars.vocabSize
@@ -284,7 +285,9 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
     vision: info.vision,
+    pooling: ready.pooling,
     media: options.media,
+    responsesStore: options.responsesStore,
     numWaiting: () => liveEngine.stats.numWaiting,
     dashboard: new DashboardFeed({
       modelName: name,
@@ -332,7 +335,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       (dataParallel === null ? ", " : ` per replica, ${replicaCount} replicas behind the ${options.router.policy} router, `) +
       `max_model_len ${ready.max_model_len}) on http://${urlHost(options.host)}:${address.port}\n`,
   );
-  process.stdout.write(servedBanner(options));
+  process.stdout.write(servedBanner(options, ready.pooling !== null));
   logger.info(
     { url: `http://${urlHost(options.host)}:${address.port}`, model: name, auth: options.apiKey !== null, max_num_queued_requests: options.maxNumQueuedRequests },
     "ready",
@@ -341,10 +344,12 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
 }
 
 /** What is served where, printed under the start-up line. */
-function servedBanner(options: ServeOptions): string {
+function servedBanner(options: ServeOptions, pooling: boolean): string {
   return [
-    "  API:     POST /v1/completions, POST /v1/chat/completions, GET /v1/models,",
-    "           POST /generate, POST /tokenize, POST /detokenize, GET /version",
+    pooling
+      ? "  API:     POST /v1/embeddings (a pooling model), GET /v1/models, POST /tokenize, POST /detokenize, GET /version"
+      : "  API:     POST /v1/completions, POST /v1/chat/completions, GET /v1/models,",
+    ...(pooling ? [] : ["           POST /generate, POST /tokenize, POST /detokenize, GET /version"]),
     "  health:  GET /health (no key needed)",
     "  metrics: GET /metrics (Prometheus, vLLM names)",
     `  dashboard: GET / (live view and playground${options.apiKey === null ? "" : "; its data needs the key"})`,

@@ -93,7 +93,7 @@ export interface AdmitOptions {
   inactivePartitions?: readonly string[];
 }
 
-export class ConductorError extends Error {
+class ConductorError extends Error {
   override readonly name = "ConductorError";
 }
 

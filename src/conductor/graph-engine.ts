@@ -19,7 +19,8 @@
 
 import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestId, RequestOutput, StopConditions } from "../engine/types.js";
+import { EngineOutputs, type OutputSink } from "../engine/outputs.js";
+import type { EngineRequest, RequestId, RequestOutput, StopConditions } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
 import type { StepMasks } from "../engine/step-masks.js";
@@ -84,6 +85,8 @@ export interface GraphEngineOptions {
   workers: readonly WorkerClient[];
   /** The rank that runs a node in a walk. */
   rankOf(node: string, walk: string): number;
+  /** Text requests' outputs: one batch per engine-core step (a plain LLM's are its engine core's own). */
+  onOutputs: OutputSink;
   /** The engine changed without an output to show for it (a stopped request freed its blocks): stats are stale. */
   onQuietChange?: () => void;
   /** Benchmarks: a timing layer between a lane and its worker. */
@@ -102,8 +105,8 @@ export interface GraphEngineOptions {
 
 interface LiveRequest {
   readonly id: RequestId;
-  /** Text requests (submit): their client, and what the engine core asked for. */
-  readonly onOutput: OutputCallback | null;
+  /** A text request (submit): its outputs go to onOutputs; else a graph request's events to onEvent. */
+  readonly text: boolean;
   readonly onEvent: GraphEventCallback | null;
   readonly engineRequest: EngineRequest;
   readonly modelKwargs: Record<string, unknown>;
@@ -115,8 +118,10 @@ interface LiveRequest {
   /** Counted against maxConcurrentRequests; a waiting request has its start here instead. */
   running: boolean;
   begin: (() => void) | null;
-  /** The engine-core output being turned into conductor events, if any. */
+  /** The engine-core output being turned into conductor events, if any (not for a plain token: see onCoreToken). */
   coreOutput: RequestOutput | null;
+  /** Prompt tokens its kv_cache node's engine core served from the prefix cache, as of its last output. */
+  numCachedTokens: number;
   ended: boolean;
   endReason: RequestOutput["finishReason"];
   endError: string | null;
@@ -159,6 +164,7 @@ export class GraphEngine implements LaneListener {
   private readonly lastStepSeconds = new Map<string, number>();
   private closed = false;
   private readonly onQuietChange: () => void;
+  private readonly onOutputs: OutputSink;
   private readonly maxConcurrent: number;
   private numRunning = 0;
   /** Requests over maxConcurrentRequests, in arrival order. */
@@ -167,6 +173,7 @@ export class GraphEngine implements LaneListener {
   constructor(options: GraphEngineOptions) {
     const graph = options.graph;
     this.onQuietChange = options.onQuietChange ?? (() => {});
+    this.onOutputs = options.onOutputs;
     this.maxConcurrent = options.maxConcurrentRequests ?? Infinity;
     this.graph = graph;
     this.lanes = options.workers.map((w, rank) => new WorkerLane(rank, w, this, options.wrapExecutor?.(rank, w) ?? w));
@@ -188,12 +195,12 @@ export class GraphEngine implements LaneListener {
         if (ready.num_blocks < 1) throw new Error(`the worker of rank ${lane.rank} hosts kv_cache node ${node.name} but has no KV cache`);
         return { ...options.engine, maxModelLen: ready.max_model_len, blockSize: ready.block_size, numBlocks: ready.num_blocks };
       };
-      const deliverStepOutputs = (emitAll: () => void): void => this.deliverCoreStep(emitAll);
+      const onOutputs = (batch: EngineOutputs): void => this.onCoreOutputs(node, batch);
       if ("prefill" in placed) {
         // Prefill/decode disaggregation: the KV connector joins a core on each rank.
         const prefill = { lane: this.lanes[placed.prefill]!, config: configOf(this.lanes[placed.prefill]!) };
         const decode = { lane: this.lanes[placed.decode]!, config: configOf(this.lanes[placed.decode]!) };
-        const pd = new DisaggregatedCore({ prefill, decode, deliverStepOutputs });
+        const pd = new DisaggregatedCore({ prefill, decode, onOutputs });
         this.configs[node.id] = { ...decode.config, maxModelLen: Math.min(decode.config.maxModelLen, prefill.config.maxModelLen) };
         this.coreLanes[node.id] = decode.lane;
         this.coreLaneList.push({ core: pd.prefill, lane: prefill.lane }, { core: pd.decode, lane: decode.lane });
@@ -206,7 +213,7 @@ export class GraphEngine implements LaneListener {
       this.coreLanes[node.id] = lane;
       const masks = masksTaken ? null : (options.stepMasks?.(ready) ?? null);
       masksTaken = true;
-      const core = new EngineCore(lane, config, { deliverStepOutputs, masks });
+      const core = new EngineCore(lane, config, { onOutputs, masks });
       this.coreLaneList.push({ core, lane });
       return core;
     });
@@ -278,7 +285,7 @@ export class GraphEngine implements LaneListener {
    * A text request on a graph whose prompt is token ids (a plain LLM):
    * refused synchronously (RequestRejectedError) when it can never run.
    */
-  submit(req: EngineRequest, onOutput: OutputCallback): void {
+  submit(req: EngineRequest): void {
     this.checkNew(req.id);
     const config = this.config;
     if (config === null) throw new RequestRejectedError(`request ${req.id}: this model has no kv_cache node to generate text`);
@@ -286,7 +293,7 @@ export class GraphEngine implements LaneListener {
     if (req.grammar != null && !this.primaryCore!.takesGrammars) {
       throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     }
-    const live = this.track(req.id, onOutput, null, req, {});
+    const live = this.track(req.id, true, null, req, {});
     if (this.graph.promptNames.length !== 1) {
       // A prompt of token ids and more (a vision-language model's images): the
       // model's process_prompt turns the ids and the media into its prompt values.
@@ -326,7 +333,7 @@ export class GraphEngine implements LaneListener {
     }
     const stop: StopConditions = { ...DEFAULT_STOP, maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER };
     const engineRequest: EngineRequest = { id: req.id, promptIds: [], sampling: req.sampling, stop, priority: req.priority, arrivalMs: req.arrivalMs };
-    const live = this.track(req.id, null, onEvent, engineRequest, req.modelKwargs);
+    const live = this.track(req.id, false, onEvent, engineRequest, req.modelKwargs);
     const inactive = req.inactivePartitions ?? [];
     const values = req.values;
     if (values !== undefined) {
@@ -403,14 +410,14 @@ export class GraphEngine implements LaneListener {
 
   private track(
     id: RequestId,
-    onOutput: OutputCallback | null,
+    text: boolean,
     onEvent: GraphEventCallback | null,
     engineRequest: EngineRequest,
     modelKwargs: Record<string, unknown>,
   ): LiveRequest {
     const live: LiveRequest = {
       id,
-      onOutput,
+      text,
       onEvent,
       engineRequest,
       modelKwargs,
@@ -420,6 +427,7 @@ export class GraphEngine implements LaneListener {
       running: false,
       begin: null,
       coreOutput: null,
+      numCachedTokens: 0,
       ended: false,
       endReason: null,
       endError: null,
@@ -484,7 +492,7 @@ export class GraphEngine implements LaneListener {
   private onClientOutput(requestId: RequestId, _output: CompiledClientOutput, values: Values, _meta: ClientOutputMeta): void {
     const req = this.live.get(requestId);
     if (req === undefined) return;
-    if (req.onOutput !== null) {
+    if (req.text) {
       for (let i = 0; i < values.length; i++) {
         const v = values[i]!;
         if (v.kind !== "tokens") continue;
@@ -507,7 +515,7 @@ export class GraphEngine implements LaneListener {
     const current = this.currentOutput;
     const req = current !== null && current.id === requestId ? current : this.live.get(requestId);
     if (req === undefined) return;
-    if (req.onOutput !== null) {
+    if (req.text) {
       req.pending.push(tokenId);
       this.touch(req);
     } else req.onEvent!({ kind: "chunk", name: output.name, modality: output.modality, data: new Uint8Array(0), metadata: { token_ids: [tokenId] } });
@@ -548,11 +556,11 @@ export class GraphEngine implements LaneListener {
     const config = this.configs[node.id]!;
     const cap = Math.min(base.stop.maxTokens, this.nodeTokenCap[node.id]!, Math.max(1, config.maxModelLen - ids.length));
     const engineRequest: EngineRequest =
-      req.onOutput !== null
+      req.text
         ? base
         : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] } };
     try {
-      core.submit(engineRequest, (out) => this.onCoreOutput(node, req, out));
+      core.submit(engineRequest);
     } catch (error) {
       const message = (error as Error).message;
       if (req.onEvent !== null) req.endStatus = 400;
@@ -570,38 +578,58 @@ export class GraphEngine implements LaneListener {
   // ------------------------------------------------------------ engine-core outputs
 
   /**
-   * One engine-core step's outputs as one conductor call: every token goes to
-   * the conductor straight from its output callback, then client outputs are
-   * flushed and ready passes handed out once for the whole step.
+   * One engine-core batch (a step's outputs) as one conductor call: every
+   * token goes to the conductor, then client outputs are flushed and ready
+   * passes handed out once for the whole step.
    */
-  private deliverCoreStep(emitAll: () => void): void {
+  private onCoreOutputs(node: CompiledNode, batch: EngineOutputs): void {
     if (this.busy) {
-      emitAll();
+      this.takeCoreOutputs(node, batch);
       return;
     }
     this.call(() => {
       this.inCoreStep = true;
       try {
-        emitAll();
+        this.takeCoreOutputs(node, batch);
       } finally {
         this.inCoreStep = false;
       }
     });
   }
 
-  /** Inside deliverCoreStep: the conductor is not running, its sink's follow-ups are deferred to the call's end. */
+  private takeCoreOutputs(node: CompiledNode, batch: EngineOutputs): void {
+    const plain = batch.plain;
+    for (let i = 0, at = 0; i < batch.numPlain; i++, at += 3) this.onCoreToken(node, plain[at] as number, plain[at + 1] as number, plain[at + 2] as number);
+    for (const out of batch.rich) this.onCoreOutput(node, out);
+  }
+
+  /** A packed output: one token of a request that goes on, nothing else to keep for the client. */
+  private onCoreToken(node: CompiledNode, id: RequestId, token: number, numCachedTokens: number): void {
+    const req = this.live.get(id);
+    if (req === undefined || req.ended || req.kvStopped) return;
+    req.numCachedTokens = numCachedTokens;
+    this.currentOutput = req;
+    if (this.inCoreStep) this.conductor.kvToken(id, node, token, null);
+    else this.call(() => this.conductor.kvToken(id, node, token, null));
+    this.currentOutput = null;
+    this.flushTouched();
+  }
+
+  /** Inside onCoreOutputs: the conductor is not running, its sink's follow-ups are deferred to the call's end. */
   private inCoreStep = false;
   /** The request whose engine-core output onCoreOutput is handling. */
   private currentOutput: LiveRequest | null = null;
 
-  private onCoreOutput(node: CompiledNode, req: LiveRequest, out: RequestOutput): void {
-    if (req.ended || req.kvStopped) {
+  private onCoreOutput(node: CompiledNode, out: RequestOutput): void {
+    const req = this.live.get(out.requestId);
+    if (req === undefined || req.ended || req.kvStopped) {
       if (out.finished) this.onQuietChange();
       return;
     }
     const n = out.newTokenIds.length;
     // Kept until the client output is flushed: its logprobs, finish and timing go with the tokens.
     req.coreOutput = out;
+    req.numCachedTokens = out.numCachedTokens;
     if (n > 0) {
       this.currentOutput = req;
       if (this.inCoreStep) this.kvTokens(node, out);
@@ -616,7 +644,7 @@ export class GraphEngine implements LaneListener {
       } else this.call(() => this.conductor.failRequest(out.requestId, out.error ?? "the engine failed"));
     }
     // Text requests keep it until their client output is flushed; graph requests' events do not use it.
-    if (!this.busy || req.onOutput === null) req.coreOutput = null;
+    if (!this.busy || !req.text) req.coreOutput = null;
     this.flushTouched();
   }
 
@@ -668,7 +696,7 @@ export class GraphEngine implements LaneListener {
       if (req !== undefined && !req.admitted) {
         req.endStatus = 400;
         // A text request's client sees the model's own words (e.g. "messages[0].content[1]: ..."), not the hook's name.
-        const refused = req.onOutput !== null ? (result?.error ?? "").replace(/^process_prompt: \w+: /, "") : `process_prompt: ${result?.error}`;
+        const refused = req.text ? (result?.error ?? "").replace(/^process_prompt: \w+: /, "") : `process_prompt: ${result?.error}`;
         this.end(req, "error", result === undefined ? `worker ${lane.rank} did not answer the prompt` : refused);
       }
       return;
@@ -754,7 +782,7 @@ export class GraphEngine implements LaneListener {
     req.endReason = reason;
     req.endError = error;
     this.forget(req);
-    if (req.onOutput !== null) {
+    if (req.text) {
       this.touch(req);
       if (!this.busy) this.flushTouched();
       return;
@@ -801,7 +829,9 @@ export class GraphEngine implements LaneListener {
     }
   }
 
+  /** The touched text requests' outputs, as one batch to onOutputs. */
   private flushList(list: readonly LiveRequest[]): void {
+    const batch = new EngineOutputs(list.length);
     for (let r = 0; r < list.length; r++) {
       const req = list[r]!;
       req.touched = false;
@@ -809,6 +839,11 @@ export class GraphEngine implements LaneListener {
       req.coreOutput = null;
       const pending = req.pending;
       if (pending.length === 0 && !req.ended) continue;
+      if (pending.length === 1 && !req.ended && (core === null || (core.logprobs === null && core.promptLogprobs === undefined))) {
+        batch.addToken(req.id, pending[0] as number, req.numCachedTokens);
+        pending.length = 0;
+        continue;
+      }
       const tokens = pending.slice();
       pending.length = 0;
       const output: RequestOutput = {
@@ -818,7 +853,7 @@ export class GraphEngine implements LaneListener {
         finished: req.ended,
         finishReason: req.ended ? req.endReason : null,
         stopTokenId: req.ended && core !== null ? core.stopTokenId : null,
-        numCachedTokens: core?.numCachedTokens ?? 0,
+        numCachedTokens: req.numCachedTokens,
         error: req.ended ? req.endError : null,
       };
       // A refused input is the client's 400; a lost worker, for requests that cannot be recomputed, a 503.
@@ -828,7 +863,13 @@ export class GraphEngine implements LaneListener {
       // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
       if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
       if (core?.timing !== undefined) output.timing = core.timing;
-      deliverOutput(req, output);
+      batch.add(output);
+    }
+    if (batch.size === 0) return;
+    try {
+      this.onOutputs(batch);
+    } catch {
+      // The owner's sink must not stop the engine.
     }
   }
 }
@@ -891,15 +932,6 @@ function fromNamedValues(named: readonly NamedValues[], rank: number): Map<strin
     );
   }
   return map;
-}
-
-/** A text client's output; its own call site (not callSafely's), so the hot call stays monomorphic. */
-function deliverOutput(req: LiveRequest, output: RequestOutput): void {
-  try {
-    req.onOutput!(output);
-  } catch {
-    // A client's callback must not stop the engine.
-  }
 }
 
 function callSafely<T>(fn: (arg: T) => void, arg: T): void {

@@ -15,7 +15,7 @@ export interface TensorValue {
 }
 
 /** A block of the owner's shared-memory arena: `nbytes` bytes at `offset` of the file `segment` under /dev/shm. */
-export interface SharedBlock {
+interface SharedBlock {
   readonly segment: string;
   readonly offset: number;
   readonly nbytes: number;
@@ -31,7 +31,7 @@ export interface TokensValue {
  * An output already rendered for the client by the worker (the model's
  * postprocess): bytes that only a client route uses; tensor routes skip it.
  */
-export interface BytesValue {
+interface BytesValue {
   readonly kind: "bytes";
   readonly modality: string;
   readonly data: Uint8Array;
@@ -39,7 +39,7 @@ export interface BytesValue {
 }
 
 /** A declared output that was not produced: a signal. */
-export interface EmptyValue {
+interface EmptyValue {
   readonly kind: "empty";
 }
 

@@ -26,7 +26,7 @@ export class DeploymentError extends Error {
   override name = "DeploymentError";
 }
 
-export interface NodeGroup {
+interface NodeGroup {
   nodeNames: string[];
   ranks: number[];
   /** null: the nodes are placed for every walk they appear in. */
@@ -138,7 +138,7 @@ export interface GraphShape {
 }
 
 /** One copy of a node for a walk: `tpSize` ranks that run it in lockstep. */
-export type Instance = readonly number[];
+type Instance = readonly number[];
 
 export interface Placement {
   /** Every worker rank, ascending: one worker process each. */

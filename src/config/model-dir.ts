@@ -61,7 +61,7 @@ export interface ImageGenerationSpec {
   latentDownsampling: number;
 }
 
-export interface TokenizerSettings {
+interface TokenizerSettings {
   /** The default chat template, or null when the model has none. */
   chatTemplate: string | null;
   /** Named templates (tokenizer_config.json list form), "default" included when present. */

@@ -6,9 +6,8 @@
 // Why: one event loop that also writes every token to every client socket
 // makes the next step wait for those writes (at 256 streams, several times
 // the engine's own cost per step). In its own thread the engine keeps
-// stepping while the frontend streams. When the frontend falls behind, the
-// outputs of several steps reach a request as one output with several tokens
-// (one SSE chunk instead of several), so it catches up instead of queueing.
+// stepping while the frontend streams. Each step's outputs cross as one
+// batch, which the output processor (output-processor.ts) delivers.
 //
 // Requests are checked here before they are posted (same rules as
 // EngineCore.submit, synchronously), so a refusal is still an exception at
@@ -17,14 +16,16 @@
 import { once } from "node:events";
 import { setTimeout as sleep } from "node:timers/promises";
 import { Worker } from "node:worker_threads";
-import { checkSubmittable, endingOutput, RequestRejectedError, type EngineConfig, type EngineStats, type SubmitLimits } from "../engine/engine-core.js";
+import { checkSubmittable, RequestRejectedError, type EngineConfig, type EngineStats, type SubmitLimits } from "../engine/engine-core.js";
+import { EngineOutputs } from "../engine/outputs.js";
 import { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestId, RequestOutput } from "../engine/types.js";
-import type { GraphEvent, GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
+import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
+import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import { compileModelGraph, type CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
 import { WorkerStartError } from "../worker/types.js";
 import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, StepRecord } from "./messages.js";
+import { OutputProcessor } from "./output-processor.js";
 import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
 import type { WorkerHealthEvent } from "../worker/types.js";
 
@@ -34,14 +35,6 @@ export interface EngineThreadOptions extends ServingEngineOptions {
   onStepRecords?: (records: StepRecord[], stats: EngineStats) => void;
   /** How long close() waits for the thread before terminating it (default 15000 ms). */
   closeTimeoutMs?: number;
-}
-
-interface LiveRequest {
-  id: RequestId;
-  /** Text requests. */
-  onOutput: OutputCallback | null;
-  /** Graph requests. */
-  onEvent: GraphEventCallback | null;
 }
 
 const THREAD_MAIN_URL = new URL("./thread-main.js", import.meta.url);
@@ -94,10 +87,7 @@ export class EngineThread implements ServingEngine {
   private latest: EngineStats;
   private numSubmitsPosted = 0;
   private numSubmitsTaken = 0;
-  private readonly live = new Map<RequestId, LiveRequest>();
-  /** Outputs received and not yet delivered, merged per request (see deliver()). */
-  private readonly pending = new Map<RequestId, RequestOutput>();
-  private deliveryScheduled = false;
+  private readonly outputs = new OutputProcessor(true);
   private readonly workerListeners: ((event: WorkerHealthEvent) => void)[] = [];
   /** Every model worker's process id, by rank (a restart changes its rank's). */
   private readonly workerPids: number[];
@@ -132,13 +122,13 @@ export class EngineThread implements ServingEngine {
       numSteps: 0,
       numPrefixQueryTokens: 0,
       numPrefixHitTokens: 0,
-      numCallbackErrors: 0,
+      numSinkErrors: 0,
     };
     this.exited = once(thread, "exit").then(() => undefined);
     thread.on("message", (message: EngineToMainMessage) => this.onMessage(message));
-    thread.on("error", (error: Error) => this.failAll(`the engine thread failed: ${error.message}`));
+    thread.on("error", (error: Error) => this.outputs.failAll(`the engine thread failed: ${error.message}`));
     void this.exited.then(() => {
-      if (this.state === "running") this.failAll("the engine thread exited");
+      if (this.state === "running") this.outputs.failAll("the engine thread exited");
       this.state = "closed";
     });
   }
@@ -234,9 +224,9 @@ export class EngineThread implements ServingEngine {
 
   submit(req: EngineRequest, onOutput: OutputCallback): void {
     if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
-    if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    if (this.outputs.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     checkSubmittable(req, this.limits);
-    this.live.set(req.id, { id: req.id, onOutput, onEvent: null });
+    this.outputs.addText(req.id, onOutput);
     this.numSubmitsPosted++;
     this.post({ kind: "submit", request: req });
   }
@@ -244,14 +234,14 @@ export class EngineThread implements ServingEngine {
   /** Checked in the engine thread: a refusal arrives as an error event (status 400). */
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void {
     if (this.state !== "running") throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
-    if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
-    this.live.set(req.id, { id: req.id, onOutput: null, onEvent });
+    if (this.outputs.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    this.outputs.addGraph(req.id, onEvent);
     this.numSubmitsPosted++;
     this.post({ kind: "submit-graph", request: req });
   }
 
   abort(requestId: RequestId): void {
-    if (!this.live.has(requestId) || this.state === "closed") return;
+    if (!this.outputs.has(requestId) || this.state === "closed") return;
     this.post({ kind: "abort", id: requestId });
   }
 
@@ -273,9 +263,8 @@ export class EngineThread implements ServingEngine {
     // The thread ends by itself once its worker is down; stop it if it does not in time.
     await stopThread(this.thread, this.options.closeTimeoutMs ?? 15_000);
     this.state = "closed";
-    this.deliver();
     // Whatever the engine did not end (it was terminated) ends here.
-    this.failAll("the engine was shut down", "abort");
+    this.outputs.failAll("the engine was shut down", "abort");
   }
 
   // ------------------------------------------------------------ from the thread
@@ -292,7 +281,7 @@ export class EngineThread implements ServingEngine {
         break;
       }
       case "thread-failed":
-        this.failAll(message.message);
+        this.outputs.failAll(message.message);
         break;
       case "closed":
       case "ready":
@@ -307,95 +296,14 @@ export class EngineThread implements ServingEngine {
     this.numSubmitsTaken = message.numSubmitsTaken;
     for (const timing of message.timings) this.timings.record(timing);
     if (this.options.onStepRecords !== undefined && message.records.length > 0) this.options.onStepRecords(message.records, message.stats);
-    const plain = message.plain;
-    for (let i = 0; i + 2 < plain.length; i += 3) {
-      const id = plain[i] as number;
-      this.queue(id, {
-        requestId: id,
-        newTokenIds: [plain[i + 1] as number],
-        logprobs: null,
-        finished: false,
-        finishReason: null,
-        stopTokenId: null,
-        numCachedTokens: plain[i + 2] as number,
-        error: null,
-      });
-    }
-    for (const { id, output } of message.rich) this.queue(id, { requestId: id, ...output });
+    for (const batch of message.outputs) this.outputs.process(EngineOutputs.of(batch));
     const graph = message.graph;
     if (graph !== null) {
       this.latestNodes = graph.nodes;
       this.latestHeldTensors = graph.heldTensors;
       for (const s of graph.nodeSteps) this.nodeSteps.push(s);
       if (this.nodeSteps.length > 4096) this.nodeSteps.splice(0, this.nodeSteps.length - 4096);
-      // Graph events go out at once and in order (no merging: each chunk is the client's next bytes).
-      for (const { id, event } of graph.events) this.deliverEvent(id, event);
-    }
-    if (!this.deliveryScheduled && this.pending.size > 0) {
-      this.deliveryScheduled = true;
-      // Every batch that arrived in this turn of the event loop is merged before delivery.
-      setImmediate(() => this.deliver());
-    }
-  }
-
-  /** Adds an output to its request's pending one (tokens appended; the later one's ending wins). */
-  private queue(id: RequestId, output: RequestOutput): void {
-    const before = this.pending.get(id);
-    if (before === undefined) {
-      this.pending.set(id, output);
-      return;
-    }
-    before.newTokenIds.push(...output.newTokenIds);
-    if (output.logprobs !== null) before.logprobs = before.logprobs === null ? output.logprobs : [...before.logprobs, ...output.logprobs];
-    before.finished = output.finished;
-    before.finishReason = output.finishReason;
-    before.stopTokenId = output.stopTokenId;
-    before.numCachedTokens = output.numCachedTokens;
-    before.error = output.error;
-    if (output.promptLogprobs !== undefined) before.promptLogprobs = output.promptLogprobs;
-    if (output.timing !== undefined) before.timing = output.timing;
-  }
-
-  private deliver(): void {
-    this.deliveryScheduled = false;
-    for (const [id, output] of this.pending) {
-      this.pending.delete(id);
-      const request = this.live.get(id);
-      if (request === undefined) continue;
-      if (output.finished) this.live.delete(id);
-      this.callBack(request, output);
-    }
-  }
-
-  private deliverEvent(id: RequestId, event: GraphEvent): void {
-    const request = this.live.get(id);
-    if (request === undefined || request.onEvent === null) return;
-    if (event.kind !== "chunk") this.live.delete(id);
-    try {
-      request.onEvent(event);
-    } catch {
-      // As for text outputs below.
-    }
-  }
-
-  /** Ends every live request with this reason. */
-  private failAll(message: string, reason: "error" | "abort" = "error"): void {
-    this.deliver();
-    for (const [id, request] of [...this.live]) {
-      if (request.onEvent !== null) {
-        this.deliverEvent(id, { kind: "error", message, status: 500 });
-        continue;
-      }
-      this.live.delete(id);
-      this.callBack(request, endingOutput(request.id, reason, message));
-    }
-  }
-
-  private callBack(request: LiveRequest, output: RequestOutput): void {
-    try {
-      request.onOutput?.(output);
-    } catch {
-      // A client's callback must not stop the others (EngineCore does the same).
+      for (const { id, event } of graph.events) this.outputs.event(id, event);
     }
   }
 

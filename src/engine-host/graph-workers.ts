@@ -26,7 +26,7 @@ export interface GraphWorkers {
 }
 
 /** The nodes each rank hosts, by rank; ranks must be 0..n-1. */
-export function nodesByRank(deployment: Deployment): string[][] {
+function nodesByRank(deployment: Deployment): string[][] {
   const byRank = new Map<number, Set<string>>();
   for (const group of deployment.nodeGroups) {
     for (const r of group.ranks) {

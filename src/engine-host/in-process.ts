@@ -4,7 +4,7 @@
 
 import { setTimeout as sleep } from "node:timers/promises";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
-import type { EngineConfig, EngineStats } from "../engine/engine-core.js";
+import { RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import { stepMasks } from "../engine/step-masks.js";
 import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
@@ -16,6 +16,7 @@ import type { WorkerClient } from "../worker/types.js";
 import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
 import { EngineStartError, type ServingEngine, type ServingEngineOptions } from "./types.js";
 import { createModelEngine, type ModelEngine } from "./model-engine.js";
+import { OutputProcessor } from "./output-processor.js";
 import type { WorkerHealthEvent } from "../worker/types.js";
 
 export class InProcessEngine implements ServingEngine {
@@ -27,6 +28,7 @@ export class InProcessEngine implements ServingEngine {
     readonly engine: ModelEngine,
     private readonly supervisors: readonly WorkerSupervisor[],
     readonly config: EngineConfig,
+    private readonly outputs: OutputProcessor,
   ) {}
 
   /**
@@ -50,16 +52,18 @@ export class InProcessEngine implements ServingEngine {
     try {
       const grammar = options.grammar ?? null;
       const workers = currentWorkers(started.supervisors);
+      const outputs = new OutputProcessor(false);
       const engine = createModelEngine({
         graph: started.graph,
         workers,
         rankOf: started.rankOf,
       maxConcurrentRequests: options.deployment?.maxConcurrentRequests ?? null,
         engine: options.engine,
+        onOutputs: (batch) => outputs.process(batch),
         wrapExecutor: wrap === undefined ? undefined : (_rank, client) => wrap(client),
         stepMasks: (ready) => stepMasks(grammar === null ? null : { port: grammar.connectPort(), vocabSize: grammar.vocabSize }, ready.vocab_size),
       });
-      host = new InProcessEngine(engine, started.supervisors, engineConfigOf(engine, workers[0]!.ready, options));
+      host = new InProcessEngine(engine, started.supervisors, engineConfigOf(engine, workers[0]!.ready, options), outputs);
       return host;
     } catch (error) {
       await Promise.all(started.supervisors.map((s) => s.stop()));
@@ -100,7 +104,9 @@ export class InProcessEngine implements ServingEngine {
   }
 
   submit(req: EngineRequest, onOutput: OutputCallback): void {
-    this.engine.submit(req, onOutput);
+    if (this.outputs.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    this.engine.submit(req);
+    this.outputs.addText(req.id, onOutput);
   }
 
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void {

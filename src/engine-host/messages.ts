@@ -3,9 +3,9 @@
 // posted over the worker_threads MessagePort (structured clone, no schema
 // needed: both ends are this package, built together).
 //
-// Outputs cross once per engine step, as one batch: the common case (one
-// token, no logprobs, not finished) packed as int32 triples in a transferred
-// buffer, everything else as plain objects.
+// Outputs cross as the engine core made them, one batch per step
+// (engine/outputs.ts): the common case packed as int32 triples in a
+// transferred buffer, everything else as plain objects.
 
 import type { GraphEvent, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { Deployment } from "../config/deployment.js";
@@ -14,7 +14,8 @@ import type { EngineSettings } from "./types.js";
 import type { WorkerHealthEvent } from "../worker/types.js";
 import type { RestartPolicy } from "../worker/supervisor.js";
 import type { StepTiming } from "../engine/step-timings.js";
-import type { EngineRequest, RequestId, RequestOutput } from "../engine/types.js";
+import type { OutputBatch } from "../engine/outputs.js";
+import type { EngineRequest, RequestId } from "../engine/types.js";
 import type { MessagePort } from "node:worker_threads";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
@@ -44,13 +45,13 @@ export interface SubmitGraphMessage {
   request: GraphRequest;
 }
 
-export interface AbortMessage {
+interface AbortMessage {
   kind: "abort";
   id: RequestId;
 }
 
 /** Stop: end live requests, shut the model worker down, then the thread. */
-export interface CloseMessage {
+interface CloseMessage {
   kind: "close";
 }
 
@@ -59,7 +60,7 @@ export interface CloseMessage {
  * worker and close its sockets synchronously, set done[0] to 1 and notify,
  * then end the thread. The main thread may be blocked in Atomics.wait on done.
  */
-export interface ExitNowMessage {
+interface ExitNowMessage {
   kind: "exit-now";
   done: SharedArrayBuffer;
 }
@@ -68,13 +69,13 @@ export type MainToEngineMessage = SubmitMessage | SubmitGraphMessage | AbortMess
 
 // ------------------------------------------------------------ engine -> main
 
-export interface LoadProgressMessage {
+interface LoadProgressMessage {
   kind: "load-progress";
   done: number;
   total: number;
 }
 
-export interface ThreadReadyMessage {
+interface ThreadReadyMessage {
   kind: "ready";
   ready: ReadyMessage;
   /** Every model worker's process id, by rank. */
@@ -83,18 +84,12 @@ export interface ThreadReadyMessage {
   config: EngineConfig;
 }
 
-export interface StartFailedMessage {
+interface StartFailedMessage {
   kind: "start-failed";
   /** The model worker could not start (its own explanation), or the engine core could not. */
   stage: "worker" | "engine";
   message: string;
   exit: WorkerExit | null;
-}
-
-/** An output that does not fit the packed form. */
-export interface RichOutput {
-  id: RequestId;
-  output: Omit<RequestOutput, "requestId">;
 }
 
 /** One step's timings as the engine thread measured them (benchmarks: recordSteps). */
@@ -116,9 +111,8 @@ export interface StepRecord {
 
 export interface OutputsMessage {
   kind: "outputs";
-  /** [request id, token id, cached prompt tokens] per plain output. */
-  plain: Int32Array;
-  rich: RichOutput[];
+  /** The engine's output batches since the last message, in order (their packed arrays are transferred). */
+  outputs: OutputBatch[];
   /** The engine after these outputs. */
   stats: EngineStats;
   /** Submit messages the engine has taken so far (to count the ones still on their way). */
@@ -131,7 +125,7 @@ export interface OutputsMessage {
   graph: GraphOutputs | null;
 }
 
-export interface GraphOutputs {
+interface GraphOutputs {
   /** Graph requests' events, in order (chunk bytes are transferred). */
   events: { id: RequestId; event: GraphEvent }[];
   nodes: NodeStats[];
@@ -140,18 +134,18 @@ export interface GraphOutputs {
 }
 
 /** A worker died, came back, or will not come back. */
-export interface WorkerEventMessage {
+interface WorkerEventMessage {
   kind: "worker-event";
   event: WorkerHealthEvent;
 }
 
 /** The engine thread failed itself (a bug): every request has ended with an error. */
-export interface ThreadFailedMessage {
+interface ThreadFailedMessage {
   kind: "thread-failed";
   message: string;
 }
 
-export interface ClosedMessage {
+interface ClosedMessage {
   kind: "closed";
 }
 

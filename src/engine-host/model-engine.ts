@@ -13,7 +13,7 @@ import { GraphEngine, type GraphEngineOptions, type GraphEventCallback, type Gra
 import { WorkerLane, type LaneListener } from "../conductor/worker-lane.js";
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestId, TokenCallback } from "../engine/types.js";
+import type { EngineRequest, RequestId } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import { DisaggregatedCore, kvNodeRanks } from "../kv-connector/disaggregated-core.js";
 import type { WorkerClient } from "../worker/types.js";
@@ -24,8 +24,8 @@ export interface ModelEngine {
   readonly config: EngineConfig | null;
   readonly stats: EngineStats;
   readonly timings: StepTimingRing | null;
-  /** A text request; refused synchronously (RequestRejectedError) when it can never run. */
-  submit(req: EngineRequest, onOutput: OutputCallback, onToken?: TokenCallback | null): void;
+  /** A text request, its outputs to the onOutputs the engine was made with; refused synchronously (RequestRejectedError) when it can never run. */
+  submit(req: EngineRequest): void;
   /** A request for the graph's own outputs (audio, images). */
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
   abort(requestId: RequestId): void;
@@ -44,7 +44,7 @@ export interface ModelEngine {
 }
 
 /** Whether the graph is a plain LLM: one kv_cache node fed the prompt's token ids, whose tokens are the client's text. */
-export function isPlainLlm(graph: CompiledGraph): boolean {
+function isPlainLlm(graph: CompiledGraph): boolean {
   return (
     graph.nodes.length === 1 &&
     graph.nodes[0]!.engine === "kv_cache" &&
@@ -66,7 +66,7 @@ const NO_GRAPH_WORK: LaneListener = { stepDone() {}, stepFailed() {} };
  * prefill and decode walks are placed on two ranks, a prefill and a decode
  * core joined by the KV connector.
  */
-export class LlmEngine implements ModelEngine {
+class LlmEngine implements ModelEngine {
   readonly graph: CompiledGraph;
   readonly config: EngineConfig;
   private readonly engine: EngineCore | DisaggregatedCore;
@@ -100,7 +100,7 @@ export class LlmEngine implements ModelEngine {
       };
       const prefill = side(placed.prefill);
       const decode = side(placed.decode);
-      const pd = new DisaggregatedCore({ prefill, decode });
+      const pd = new DisaggregatedCore({ prefill, decode, onOutputs: options.onOutputs });
       this.engine = pd;
       this.config = { ...decode.config, maxModelLen: Math.min(decode.config.maxModelLen, prefill.config.maxModelLen) };
       this.cores = [
@@ -112,7 +112,7 @@ export class LlmEngine implements ModelEngine {
     const rank = placed.rank;
     const worker = workerOf(rank);
     this.config = configOf(worker, rank);
-    const core = new EngineCore(this.wrapExecutor?.(rank, worker) ?? worker, this.config, { masks: options.stepMasks?.(worker.ready) ?? null });
+    const core = new EngineCore(this.wrapExecutor?.(rank, worker) ?? worker, this.config, { masks: options.stepMasks?.(worker.ready) ?? null, onOutputs: options.onOutputs });
     this.engine = core;
     this.cores = [{ core, rank, lane: null }];
   }
@@ -125,10 +125,9 @@ export class LlmEngine implements ModelEngine {
     return this.engine.timings;
   }
 
-  submit(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null): void {
+  submit(req: EngineRequest): void {
     if ((req.media?.images.length ?? 0) > 0) throw new RequestRejectedError(`request ${req.id}: this model does not take images`);
-    if (this.engine instanceof EngineCore) this.engine.submit(req, onOutput, onToken);
-    else this.engine.submit(req, onOutput);
+    this.engine.submit(req);
   }
 
   submitGraph(req: GraphRequest): void {

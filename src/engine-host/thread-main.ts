@@ -1,6 +1,6 @@
 // The engine thread's entry point (a worker_threads Worker started by
 // EngineThread): starts the model worker, runs the engine core's step loop,
-// and sends each step's outputs to the main thread as one batch. The HTTP
+// and posts each step's output batch to the main thread as it is. The HTTP
 // frontend on the main thread (detokenizing, streaming to sockets) then never
 // delays a step, and a step never waits for the frontend.
 //
@@ -12,11 +12,12 @@ import { parentPort, workerData } from "node:worker_threads";
 import { GraphEngine, type GraphEvent } from "../conductor/graph-engine.js";
 import { DeploymentError } from "../config/deployment.js";
 import { endingOutput } from "../engine/engine-core.js";
-import type { RequestId, RequestOutput } from "../engine/types.js";
+import { EngineOutputs } from "../engine/outputs.js";
+import type { RequestId } from "../engine/types.js";
 import { killAllWorkersSync, shutdownAllWorkers, type WorkerSupervisor } from "../worker/supervisor.js";
 import { WorkerStartError } from "../worker/types.js";
 import { applyWorkerEvent, currentWorkers, healthEventOf, startGraphWorkers } from "./graph-workers.js";
-import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, RichOutput, SubmitGraphMessage, SubmitMessage } from "./messages.js";
+import type { EngineThreadInit, EngineToMainMessage, MainToEngineMessage, OutputsMessage, SubmitGraphMessage, SubmitMessage } from "./messages.js";
 import { engineConfigOf, stopEngine } from "./in-process.js";
 import { createModelEngine, type ModelEngine } from "./model-engine.js";
 import { StepRecorder } from "./step-recorder.js";
@@ -30,12 +31,9 @@ function post(message: EngineToMainMessage, transfer: ArrayBuffer[] = []): void 
   port?.postMessage(message, transfer);
 }
 
-/** Collects the outputs of one step and posts them together (one message per step). */
+/** Posts the engine's output batches, with its stats and graph events, as one message per turn of this thread's event loop. */
 class Outbox {
-  /** [request id, token id, cached prompt tokens] per plain output, filled up to plainLength. */
-  private plain = new Int32Array(3 * 256);
-  private plainLength = 0;
-  private rich: RichOutput[] = [];
+  private batches: EngineOutputs[] = [];
   private graph: { id: RequestId; event: GraphEvent }[] = [];
   private scheduled = false;
   private numStepsPosted = 0;
@@ -51,32 +49,12 @@ class Outbox {
     this.schedule();
   }
 
-  add(output: RequestOutput): void {
-    const ids = output.newTokenIds;
-    if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && !output.finished && output.error === null) {
-      this.addToken(output.requestId, ids[0] as number, output.numCachedTokens);
-      return;
-    }
-    const { requestId: id, ...rest } = output;
-    this.rich.push({ id, output: rest });
+  /** The engine's batch is the outbox's to send: its packed array moves to the main thread without a copy. */
+  addOutputs(batch: EngineOutputs): void {
+    this.batches.push(batch);
     this.schedule();
   }
 
-  /** A plain output (one token, nothing else). */
-  addToken(id: RequestId, tokenId: number, numCachedTokens: number): void {
-    if (this.plainLength + 3 > this.plain.length) {
-      const grown = new Int32Array(this.plain.length * 2);
-      grown.set(this.plain);
-      this.plain = grown;
-    }
-    this.plain[this.plainLength] = id;
-    this.plain[this.plainLength + 1] = tokenId;
-    this.plain[this.plainLength + 2] = numCachedTokens;
-    this.plainLength += 3;
-    this.schedule();
-  }
-
-  /** The engine calls every output callback of a step synchronously; the batch goes after them. */
   schedule(): void {
     if (this.scheduled) return;
     this.scheduled = true;
@@ -90,10 +68,9 @@ class Outbox {
     const newSteps = stats.numSteps - this.numStepsPosted;
     this.numStepsPosted = stats.numSteps;
     const timings = newSteps > 0 && this.core.timings !== null ? this.core.timings.recent(newSteps) : [];
-    // A copy of the filled part moves to the main thread; the buffer is reused.
-    const plain = this.plain.slice(0, this.plainLength);
+    const batches = this.batches;
     const events = this.graph;
-    const transfer: ArrayBuffer[] = [plain.buffer as ArrayBuffer];
+    const transfer: ArrayBuffer[] = batches.map((b) => b.plain.buffer as ArrayBuffer);
     for (const { event } of events) {
       // A chunk's bytes own their buffer (the decoder gives each its own copy) and move without a copy.
       if (event.kind === "chunk" && event.data.byteOffset === 0 && event.data.byteLength === event.data.buffer.byteLength) {
@@ -102,8 +79,7 @@ class Outbox {
     }
     const message: OutputsMessage = {
       kind: "outputs",
-      plain,
-      rich: this.rich,
+      outputs: batches,
       stats,
       numSubmitsTaken: this.numSubmitsTaken,
       timings,
@@ -112,8 +88,7 @@ class Outbox {
         ? { events, nodes: this.core.nodeStats(), nodeSteps: this.core.takeStepSamples(), heldTensors: this.core.heldTensors() }
         : null,
     };
-    this.plainLength = 0;
-    this.rich = [];
+    this.batches = [];
     this.graph = [];
     post(message, transfer);
     const last = timings[timings.length - 1];
@@ -169,6 +144,7 @@ async function start(): Promise<void> {
       rankOf: started.rankOf,
       maxConcurrentRequests: init.deployment?.maxConcurrentRequests ?? null,
       engine: init.engine,
+      onOutputs: (batch) => outbox?.addOutputs(batch),
       onQuietChange: () => outbox?.schedule(),
       wrapExecutor: recorder === null ? undefined : (rank, client) => (rank === 0 ? recorder : client),
       stepMasks: (ready) => {
@@ -200,17 +176,12 @@ function submit({ request }: SubmitMessage): void {
   if (engine === null || box === null) return;
   box.numSubmitsTaken++;
   try {
-    engine.submit(
-      request,
-      (output) => box.add(output),
-      (tokenId, numCachedTokens) => {
-        box.addToken(request.id, tokenId, numCachedTokens);
-        return true;
-      },
-    );
+    engine.submit(request);
   } catch (error) {
     // The main thread checks what it can before posting; whatever slips through ends the request here.
-    box.add(endingOutput(request.id, "error", (error as Error).message));
+    const ending = new EngineOutputs(0);
+    ending.add(endingOutput(request.id, "error", (error as Error).message));
+    box.addOutputs(ending);
   }
 }
 

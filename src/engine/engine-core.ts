@@ -1,11 +1,12 @@
 // The engine core's step loop: while there is work, schedule -> build the
 // wire step -> await the worker -> apply its sampled tokens (stop checks,
-// freeing finished requests' blocks, one RequestOutput per request per step
-// that produced a token or finished). Idle, with no timer or busy loop, when
+// freeing finished requests' blocks, one output per request per step that
+// produced a token or finished, the step's outputs as one batch to the
+// core's owner: outputs.ts). Idle, with no timer or busy loop, when
 // no request is live; submit() wakes it.
 //
 // Behaviours worth knowing:
-// - submit() throws RequestRejectedError (synchronously, no callback) for a
+// - submit() throws RequestRejectedError (synchronously, no output) for a
 //   request that can never run: duplicate live id, empty prompt, a token
 //   outside the vocabulary, maxTokens < 1, a prompt longer than maxModelLen
 //   or than the whole KV cache.
@@ -13,8 +14,8 @@
 //   tokens, then finishes with "length": a request alone in the cache can
 //   always finish, so preemption cannot livelock.
 // - abort() while a step is in flight applies after that step's result is
-//   processed (its sampled token is dropped); the request's callback gets one
-//   final output with finishReason "abort". Unknown or finished ids are ignored.
+//   processed (its sampled token is dropped); the request gets one final
+//   output with finishReason "abort". Unknown or finished ids are ignored.
 // - If executeStep rejects or answers out of sync, every live request ends
 //   with finishReason "error" and the error message, all blocks are freed and
 //   the prefix cache is forgotten. The engine stays usable: new requests go
@@ -56,6 +57,14 @@
 // prefix-cache hits (cached positions have no logits), so the worker scores
 // every prompt position as its chunks run; logprobs.ts gathers the entries.
 //
+// Pooling models (the worker's Ready.pooling): every request is prefill only
+// (EngineRequest.pooling, required there and refused elsewhere); the step
+// whose row ends its prompt answers with its pooled vector
+// (StepResult.pooled), and the request ends with one output carrying it. The
+// scheduler does not chunk an encoder's prompt (pooling.ts), and the
+// encoder's engine has no prefix cache (its worker keeps no KV: its blocks
+// are bookkeeping only).
+//
 // Structured output (a request with a grammar, given a StepMasks): a step's
 // grammar-constrained rows are marked in the Step, and their masks go to the
 // worker in a StepMask once every earlier step's result is processed (right
@@ -83,7 +92,8 @@ import { buildStepMessage } from "./step-builder.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "./step-masks.js";
-import { type EngineRequest, type OutputCallback, type RequestId, type RequestOutput, type RequestTiming, type SchedulerConfig, type TokenCallback, type TokenLogprob } from "./types.js";
+import { EngineOutputs, type OutputSink } from "./outputs.js";
+import { type EngineRequest, type FinishReason, type RequestId, type RequestOutput, type RequestTiming, type SchedulerConfig, type TokenLogprob } from "./types.js";
 import { ExecutorLostError, type StepExecutor } from "../worker/types.js";
 
 export interface EngineConfig extends SchedulerConfig {
@@ -116,8 +126,8 @@ export interface EngineStats {
   /** Prompt tokens looked up in the prefix cache, and how many were served from it. */
   numPrefixQueryTokens: number;
   numPrefixHitTokens: number;
-  /** Output callbacks that threw (the engine goes on). */
-  numCallbackErrors: number;
+  /** Output batches whose sink threw (the engine goes on). */
+  numSinkErrors: number;
   /** Bytes of KV received from other workers (KV connector). */
   numKvTransferBytes?: number;
   /** Prefill/decode disaggregation: the prefill side's KV blocks (the rest of these stats are the decode side's). */
@@ -136,7 +146,7 @@ export const EMPTY_STATS: Readonly<EngineStats> = {
   numSteps: 0,
   numPrefixQueryTokens: 0,
   numPrefixHitTokens: 0,
-  numCallbackErrors: 0,
+  numSinkErrors: 0,
 };
 
 /** The engine core's owner hears about its remote KV loads (KV connector, consumer side). */
@@ -149,20 +159,16 @@ export interface KvLoadListener {
 
 export interface EngineCoreOptions {
   /**
-   * How the outputs of one step reach their callbacks: emitAll invokes every
-   * output callback of the step, synchronously. Default: at once. The graph
-   * engine runs them as one conductor call, so a step costs it one flush of
-   * client outputs and one look for ready work, not one per request.
+   * Where the outputs go: one batch per step, synchronously as the step's
+   * result is processed (and one for endings outside a step: an abort, a
+   * lost worker). The graph engine hands a batch to the conductor as one
+   * call, the engine thread posts it to the main thread as one message.
    */
-  deliverStepOutputs?: (emitAll: () => void) => void;
+  onOutputs: OutputSink;
   /** Grammar masks for structured output (engine/step-masks.ts); absent or null: requests with a grammar are refused. */
   masks?: StepMasks | null;
   /** KV connector, consumer side: who sends the blocks this engine's requests load. */
   kvLoads?: KvLoadListener;
-}
-
-function runNow(emitAll: () => void): void {
-  emitAll();
 }
 
 /** A step sent to the worker whose result has not been processed yet. */
@@ -201,7 +207,7 @@ export class EngineCore {
   private nextExecutor: StepExecutor | null = null;
   private nextStepId = 0;
   private numSteps = 0;
-  private numCallbackErrors = 0;
+  private numSinkErrors = 0;
   private looping = false;
   private loopDone: Promise<void> = Promise.resolve();
   /** Steps sent and not yet processed, oldest first. */
@@ -212,7 +218,10 @@ export class EngineCore {
   /** Requests to end with "error" once the step in flight is processed (their grammar mask failed). */
   private pendingFailures = new Map<RequestId, string>();
   private closed = false;
-  private readonly deliverStepOutputs: (emitAll: () => void) => void;
+  private readonly onOutputs: OutputSink;
+  /** This step's outputs so far; handed to onOutputs by flushOutputs(). */
+  private outputs = new EngineOutputs();
+  private flushScheduled = false;
   /** Grammar masks for structured output; null: requests with a grammar are refused. */
   private readonly masks: StepMasks | null;
   /** Set while the executor's worker is gone: no step is sent until replaceExecutor(). */
@@ -226,13 +235,15 @@ export class EngineCore {
   private readonly kvLoads: KvLoadListener | null;
   private numKvTransferBytes = 0;
 
-  constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions = {}) {
+  constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions) {
     this.masks = options.masks ?? null;
     this.kvLoads = options.kvLoads ?? null;
     this.config = config;
-    this.deliverStepOutputs = options.deliverStepOutputs ?? runNow;
+    this.onOutputs = options.onOutputs;
     this.executor = executor;
-    this.blockManager = new BlockManager(config.numBlocks, config.blockSize, config.enablePrefixCaching ?? true);
+    // An encoder keeps no KV, so nothing could be served from a cache.
+    const caches = (config.enablePrefixCaching ?? true) && executor.ready.pooling?.causal !== false;
+    this.blockManager = new BlockManager(config.numBlocks, config.blockSize, caches);
     this.scheduler = new Scheduler(config, this.blockManager);
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
     this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
@@ -260,15 +271,15 @@ export class EngineCore {
       numSteps: this.numSteps,
       numPrefixQueryTokens: this.scheduler.numPrefixQueryTokens,
       numPrefixHitTokens: this.scheduler.numPrefixHitTokens,
-      numCallbackErrors: this.numCallbackErrors,
+      numSinkErrors: this.numSinkErrors,
       numKvTransferBytes: this.numKvTransferBytes,
     };
   }
 
-  /** Queues a request; throws RequestRejectedError if it can never run. */
-  submit(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null): void {
+  /** Queues a request (its outputs come through onOutputs); throws RequestRejectedError if it can never run. */
+  submit(req: EngineRequest): void {
     this.validate(req);
-    const request = new Request(req, onOutput, onToken);
+    const request = new Request(req);
     this.requests.set(request.id, request);
     this.scheduler.addRequest(request);
     this.wake();
@@ -279,6 +290,7 @@ export class EngineCore {
     if (this.inFlight.length > 0) this.pendingAborts.push(requestId);
     else {
       this.finishAborted(requestId, null);
+      this.flushOutputs();
       // It may have been the suspect on probation: the next one goes.
       this.recovery.releaseNext(this.scheduler);
       this.wake();
@@ -306,7 +318,8 @@ export class EngineCore {
     const live = [...this.requests.values()];
     for (const request of live) this.finish(request);
     this.blockManager.resetPrefixCache();
-    for (const request of live) this.emit(request, endOutput(request, "abort", this.goneReason));
+    for (const request of live) this.emit(endOutput(request, "abort", this.goneReason));
+    this.flushOutputs();
   }
 
   /**
@@ -328,6 +341,7 @@ export class EngineCore {
       if (this.inFlight.length > 0) this.pendingAborts.push(id);
       else this.finishAborted(id, "the engine is shutting down");
     }
+    this.flushOutputs();
     await this.loopDone;
   }
 
@@ -432,7 +446,7 @@ export class EngineCore {
     let result: StepResultMessage;
     try {
       result = await step.result;
-      checkResult(step.message, result);
+      checkResult(step.message, result, this.executor.ready.pooling?.dimensions ?? null);
     } catch (error) {
       this.inFlight.shift();
       if (this.migrates && (error instanceof ExecutorLostError || this.lostReason !== null)) {
@@ -452,10 +466,11 @@ export class EngineCore {
     this.scheduler.updateAfterStep(step.out);
     if (result.kv_loaded.length > 0 || result.kv_load_failed.length > 0) this.applyLoadResults(result);
     this.applyPendingAborts();
-    this.deliverStepOutputs(() => this.processResult(step.out, step.message, result));
+    this.processResult(step.out, step.message, result);
     // The next step's constrained rows can have their masks now (the worker is running its forward pass).
     const next = this.inFlight[0];
     if (next?.masks && !next.masks.started) this.runMasks(next.masks);
+    this.flushOutputs();
     const t4 = performance.now();
     this.numSteps++;
     this.timings.record({
@@ -505,10 +520,11 @@ export class EngineCore {
     this.scheduler.forgetRemoved();
     for (const request of notCarried) {
       this.finish(request);
-      this.emit(request, endOutput(request, "abort", this.recovery.notCarriedOver(reason, request)));
+      this.emit(endOutput(request, "abort", this.recovery.notCarriedOver(reason, request)));
     }
     this.recovery.holdBackSuspects(live, this.scheduler);
     this.recovery.releaseNext(this.scheduler);
+    this.flushOutputs();
   }
 
   /** After a failure: the other steps in flight went to a failed worker; wait them out, ignore their results. */
@@ -526,8 +542,13 @@ export class EngineCore {
 
   /** Appends each sampled token, checks stops, frees finished requests, emits outputs. */
   private processResult(out: SchedulerOutput, message: StepMessage, result: StepResultMessage): void {
+    if (result.pooled !== null) {
+      this.processPooled(out, message, result.pooled);
+      return;
+    }
     if (result.prompt_counts !== null) collectPromptLogprobs(out, message, result, this.limits.vocabSize);
     const now = performance.now();
+    const outputs = this.outputs;
     let k = 0;
     let topAt = 0;
     for (let i = 0; i < out.requests.length; i++) {
@@ -544,7 +565,10 @@ export class EngineCore {
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
       request.lastTokenMs = now;
       const stop = checkStop(request, this.maxLen);
-      if (stop === null && logprob === null && request.onToken !== null && !request.needsPromptLogprobs && this.offerToken(request, token)) continue;
+      if (stop === null && logprob === null && !request.needsPromptLogprobs) {
+        outputs.addToken(request.id, token, Math.max(request.numCachedTokens, 0));
+        continue;
+      }
       // A producer ending on length keeps its blocks for the KV transfer (released by the owner).
       if (stop !== null) this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
       const output = outputOf(request, token, logprob, stop);
@@ -552,7 +576,28 @@ export class EngineCore {
         request.promptLogprobsSent = true;
         output.promptLogprobs = request.promptLogprobEntries;
       }
-      this.emit(request, output);
+      this.emit(output);
+    }
+  }
+
+  /** Each row that ended its prompt ends its request with the prompt's pooled vector. */
+  private processPooled(out: SchedulerOutput, message: StepMessage, pooled: Float32Array): void {
+    const dims = this.executor.ready.pooling?.dimensions ?? 0;
+    const now = performance.now();
+    let k = 0;
+    for (let i = 0; i < out.requests.length; i++) {
+      if (message.sample[i] === 0) continue;
+      const request = out.requests[i] as Request;
+      const vector = pooled.slice(k * dims, (k + 1) * dims);
+      k++;
+      // Aborted while the step ran: the vector is dropped.
+      if (request.status === "finished") continue;
+      request.firstTokenMs = now;
+      request.lastTokenMs = now;
+      this.finish(request);
+      const output = endingOutput(request.id, "stop", null, Math.max(request.numCachedTokens, 0));
+      output.pooled = vector;
+      this.emit(addTiming(output, request));
     }
   }
 
@@ -599,14 +644,14 @@ export class EngineCore {
     const request = this.requests.get(requestId);
     if (request === undefined) return;
     this.finish(request);
-    this.emit(request, endOutput(request, "error", message));
+    this.emit(endOutput(request, "error", message));
   }
 
   private finishAborted(requestId: RequestId, error: string | null): void {
     const request = this.requests.get(requestId);
     if (request === undefined) return;
     this.finish(request);
-    this.emit(request, endOutput(request, "abort", error));
+    this.emit(endOutput(request, "abort", error));
   }
 
   /** The worker failed: every live request ends with the error; blocks and cached KV are gone. */
@@ -617,7 +662,8 @@ export class EngineCore {
     this.pendingFailures.clear();
     for (const request of live) this.finish(request);
     this.blockManager.resetPrefixCache();
-    for (const request of live) this.emit(request, endOutput(request, "error", message));
+    for (const request of live) this.emit(endOutput(request, "error", message));
+    this.flushOutputs();
   }
 
   /** Defensive: live requests but an empty step would spin; end the oldest instead. */
@@ -626,25 +672,31 @@ export class EngineCore {
     this.scheduler.deferRemoved(out.removed, out.kvCancels);
     if (oldest === undefined) return;
     this.finish(oldest);
-    this.emit(oldest, endOutput(oldest, "error", "internal error: the scheduler could not place the request"));
+    this.emit(endOutput(oldest, "error", "internal error: the scheduler could not place the request"));
   }
 
-  /** Offers a plain token to the request's token callback; false sends it as an output instead (a throwing callback is counted, as in emit). */
-  private offerToken(request: Request, token: number): boolean {
-    try {
-      return (request.onToken as TokenCallback)(token, Math.max(request.numCachedTokens, 0));
-    } catch {
-      this.numCallbackErrors++;
-      return true;
-    }
+  /** Adds an output to this step's batch; an ending outside a step goes out by itself at the latest after this task. */
+  private emit(output: RequestOutput): void {
+    this.outputs.add(output);
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    queueMicrotask(() => {
+      this.flushScheduled = false;
+      this.flushOutputs();
+    });
   }
 
-  private emit(request: Request, output: RequestOutput): void {
+  /** Hands the outputs gathered so far to onOutputs, as one batch (the sink keeps it). */
+  private flushOutputs(): void {
+    const batch = this.outputs;
+    if (batch.size === 0) return;
+    // Sized for a step of every running request, so a decode batch does not grow its array.
+    this.outputs = new EngineOutputs(Math.max(batch.numPlain, this.scheduler.numRunning));
     try {
-      request.onOutput(output);
+      this.onOutputs(batch);
     } catch {
-      // A client's callback must not take the engine down.
-      this.numCallbackErrors++;
+      // An owner's sink must not take the engine down.
+      this.numSinkErrors++;
     }
   }
 
@@ -655,6 +707,10 @@ export class EngineCore {
     if (this.goneReason !== null) throw new RequestRejectedError(`request ${req.id}: ${this.goneReason}`);
     if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     if (req.grammar != null && !this.takesGrammars) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
+    const pooling = this.executor.ready.pooling !== null;
+    if ((req.pooling != null) !== pooling) {
+      throw new RequestRejectedError(`request ${req.id}: ${pooling ? "this is a pooling model: it takes embedding requests only" : "this model generates text: it takes no pooling requests"}`);
+    }
     checkSubmittable(req, this.limits);
   }
 
@@ -684,6 +740,8 @@ export class EngineCore {
 /** What decides whether a request can ever run. */
 export interface SubmitLimits {
   maxModelLen: number;
+  /** A whole-prompt pooling request (an encoder's) runs in one step: no longer than this. */
+  maxNumBatchedTokens: number;
   numBlocks: number;
   blockSize: number;
   vocabSize: number;
@@ -704,6 +762,9 @@ export function checkSubmittable(req: EngineRequest, limits: SubmitLimits): void
   if (prompt.length > limits.maxModelLen) {
     reject(`the prompt has ${prompt.length} tokens, more than the maximum model length ${limits.maxModelLen}`);
   }
+  if (req.pooling?.wholePrompt === true && prompt.length > limits.maxNumBatchedTokens) {
+    reject(`the input has ${prompt.length} tokens, more than this encoder takes in one step (--max-num-batched-tokens ${limits.maxNumBatchedTokens})`);
+  }
   const capacity = limits.numBlocks * limits.blockSize;
   if (prompt.length > capacity) reject(`the prompt has ${prompt.length} tokens, more than the whole KV cache holds (${capacity})`);
   for (let i = 0; i < prompt.length; i++) {
@@ -715,8 +776,8 @@ export function checkSubmittable(req: EngineRequest, limits: SubmitLimits): void
   if (!Number.isInteger(k) || k < -1) reject(`promptLogprobs must be -1 or a count of alternatives, got ${k}`);
 }
 
-/** The worker must answer this step, one token per sampled row in row order. */
-function checkResult(step: StepMessage, result: StepResultMessage): void {
+/** The worker must answer this step, one token per sampled row in row order (a pooling model: one vector of `pooledDims` floats). */
+function checkResult(step: StepMessage, result: StepResultMessage, pooledDims: number | null): void {
   if (result.step_id !== step.step_id) throw new Error(`the worker answered step ${result.step_id} to step ${step.step_id}`);
   let k = 0;
   for (let i = 0; i < step.sample.length; i++) {
@@ -725,6 +786,13 @@ function checkResult(step: StepMessage, result: StepResultMessage): void {
       throw new Error(`step ${step.step_id}: sampled row ${k} is request ${result.req_ids[k]}, expected ${step.req_ids[i]}`);
     }
     k++;
+  }
+  if (pooledDims !== null) {
+    const floats = result.pooled?.length ?? 0;
+    if (result.req_ids.length !== k || floats !== k * pooledDims || (k === 0) !== (result.pooled === null)) {
+      throw new Error(`step ${step.step_id}: ${floats} pooled floats for ${k} rows of ${pooledDims} dimensions`);
+    }
+    return;
   }
   if (result.req_ids.length !== k || result.token_ids.length !== k) {
     throw new Error(`step ${step.step_id}: ${result.token_ids.length} sampled tokens for ${k} sampling rows`);
@@ -767,7 +835,7 @@ function firstLine(text: string): string {
   return text.split("\n", 1)[0] ?? text;
 }
 
-/** The last output of a request that ends without a token (aborted, or failed with `error`). */
-export function endingOutput(requestId: RequestId, reason: "abort" | "error", error: string | null, numCachedTokens = 0): RequestOutput {
+/** The last output of a request that ends without a token (aborted, failed with `error`, or pooled). */
+export function endingOutput(requestId: RequestId, reason: FinishReason, error: string | null, numCachedTokens = 0): RequestOutput {
   return { requestId, newTokenIds: [], logprobs: null, finished: true, finishReason: reason, stopTokenId: null, numCachedTokens, error };
 }

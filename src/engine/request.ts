@@ -4,7 +4,8 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
-import type { EngineRequest, KvTransferParams, MediaSpan, OutputCallback, PromptTokenLogprob, RequestId, StopConditions, TokenCallback } from "./types.js";
+import type { PoolingTraits } from "./pooling.js";
+import type { EngineRequest, KvTransferParams, MediaSpan, PromptTokenLogprob, RequestId, StopConditions } from "./types.js";
 
 /** loading: its KV is being loaded from another worker (prefill/decode disaggregation). */
 export type RequestStatus = "waiting" | "loading" | "running" | "finished";
@@ -34,8 +35,6 @@ export class Request {
   readonly stopIds: readonly number[];
   /** SamplingParams.logprobs: -1 none, k >= 0 the sampled token's logprob and k alternatives. */
   readonly numLogprobs: number;
-  /** Offered each plain token before onOutput (EngineCore.processResult); null: every token goes to onOutput. */
-  readonly onToken: TokenCallback | null;
   /** The worker knows the request (added, not removed since): its rows name it by id. */
   onWorker = false;
   /** Block table: block i holds the KV of positions [i*blockSize, (i+1)*blockSize). */
@@ -62,7 +61,6 @@ export class Request {
   readonly stop: StopConditions;
   readonly priority: number;
   readonly arrivalMs: number;
-  readonly onOutput: OutputCallback;
   /** Structured output: the grammar of its answer (null: unconstrained). */
   readonly grammar: RequestGrammar | null;
   /** EngineRequest.embedsHandle, -1 when none. */
@@ -87,8 +85,10 @@ export class Request {
   readonly numWorkerPromptTokens: number;
   /** The transfer loading its KV while kvLoad is "loading". */
   kvTransferId = -1;
+  /** A pooling model's request (EngineRequest.pooling); null: it generates. */
+  readonly pooling: PoolingTraits | null;
 
-  constructor(req: EngineRequest, onOutput: OutputCallback, onToken: TokenCallback | null = null) {
+  constructor(req: EngineRequest) {
     this.id = req.id;
     this.sampling = req.sampling;
     this.stop = req.stop;
@@ -98,8 +98,6 @@ export class Request {
     this.numLogprobs = req.sampling.logprobs;
     this.priority = req.priority;
     this.arrivalMs = req.arrivalMs;
-    this.onOutput = onOutput;
-    this.onToken = onToken;
     this.grammar = req.grammar ?? null;
     this.promptLogprobs = req.promptLogprobs ?? -1;
     this.media = req.media?.spans ?? [];
@@ -111,6 +109,12 @@ export class Request {
     // A consumer's last "prompt" token was sampled on the prefill side: to the worker it is an output token.
     this.numWorkerPromptTokens = this.kvTransfer?.role === "consumer" ? Math.min(this.kvTransfer.numTokens, this.numPromptTokens) : this.numPromptTokens;
     this.kvLoad = this.kvTransfer?.role === "consumer" ? "pending" : "none";
+    this.pooling = req.pooling ?? null;
+  }
+
+  /** Whether prefix-cache hits may serve its prompt: not while it needs prompt logprobs, nor for pooling that reads every position. */
+  get readsPrefixCache(): boolean {
+    return !this.needsPromptLogprobs && (this.pooling?.readsPrefixCache ?? true);
   }
 
   /** Asked for prompt logprobs and has not had them yet (a request resumed after they went out has no need). */

@@ -27,6 +27,10 @@
 // computed here. A loading request that ends frees its blocks at once and
 // its transfer id goes out in kvCancels, so the worker does not write the
 // late bytes into blocks that may have a new owner.
+//
+// Pooling requests (Request.pooling) are prefill only. One that needs its
+// whole prompt in one row (a bidirectional encoder) is admitted only when the
+// step's budget takes all of it, and waits at the head of the queue otherwise.
 
 import type { KVCacheManager } from "./block-manager.js";
 import type { Request } from "./request.js";
@@ -287,11 +291,12 @@ export class Scheduler {
         if (started) continue;
         // Everything the peer has is cached here: admitted as usual below.
       }
-      // Prompt tokens served from the cache have no logits: a request that still needs prompt logprobs computes them all.
-      const readsCache = this.kv.enablePrefixCaching && !request.needsPromptLogprobs;
+      // Prompt tokens served from the cache have no logits (prompt logprobs) and no hidden states (most pooling).
+      const readsCache = this.kv.enablePrefixCaching && request.readsPrefixCache;
       const cached = readsCache ? this.kv.findCachedPrefix(request) : [];
       const numCachedTokens = cached.length * blockSize;
       const numNew = Math.min(request.numTokens - numCachedTokens, budget);
+      if (numNew < request.numTokens - numCachedTokens && request.pooling?.wholePrompt === true) break;
       if (!this.kv.allocate(request, numCachedTokens + numNew, cached)) break;
       this.waiting.shift();
       if (request.numCachedTokens < 0) {

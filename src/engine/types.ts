@@ -1,8 +1,10 @@
 // The message interface between the frontend and the engine core: submit,
-// abort, and a per-request output callback invoked at most once per step.
+// abort, and the outputs (the core hands them out a step at a time:
+// outputs.ts; the frontend's handle delivers them per request).
 // The engine core speaks token ids only; text lives in the frontend.
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
+import type { PoolingTraits } from "./pooling.js";
 import type { ReadyMessage, SamplingParams, StepMaskMessage, StepMessage, StepResultMessage } from "../transport/messages.js";
 
 export type FinishReason = "stop" | "length" | "abort" | "error";
@@ -56,6 +58,12 @@ export interface EngineRequest {
   media?: PromptMedia | null;
   /** The handle (in the kv_cache node's worker) of the image features that replace the image tokens' embeddings; set by the graph engine. */
   embedsHandle?: number;
+  /**
+   * A pooling model's request (an embedding): prefill only, no token is
+   * sampled; its one output carries the prompt's pooled vector. Set exactly
+   * when the worker is a pooling model (poolingTraits of its Ready.pooling).
+   */
+  pooling?: PoolingTraits | null;
 }
 
 /** One image's run of tokens in a prompt. */
@@ -131,19 +139,13 @@ export interface RequestOutput {
    * is entry i). Absent on every other output.
    */
   promptLogprobs?: PromptTokenLogprob[];
-  /** On the final output of a request that produced a token; absent otherwise. */
+  /** On the final output of a request that produced a token (or its pooled vector); absent otherwise. */
   timing?: RequestTiming;
+  /** A pooling request's one output: the prompt's vector (as the model pools and normalizes it). */
+  pooled?: Float32Array;
 }
 
 export type OutputCallback = (output: RequestOutput) => void;
-
-/**
- * A generated token with nothing else to say (no logprobs, no finish, no
- * prompt logprobs), offered before a RequestOutput is built for it: true
- * when the callee took it, false to have it delivered as a RequestOutput.
- * Lets a plain decode stream skip one object per token on the engine thread.
- */
-export type TokenCallback = (tokenId: number, numCachedTokens: number) => boolean;
 
 /** What the frontend holds of an engine (in this thread or its own): submit and abort, by request id. */
 export interface EngineHandle {

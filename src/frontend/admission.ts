@@ -15,10 +15,10 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { ApiError } from "./openai-error.js";
 
 /** POST routes that queue work in the engine. */
-export const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/generate", "/v1/audio/speech", "/v1/images/generations"]);
+const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/v1/audio/speech", "/v1/images/generations"]);
 
 /** Seconds a client should wait before retrying a 429 (queue full). */
-export const RETRY_AFTER_BUSY_S = 1;
+const RETRY_AFTER_BUSY_S = 1;
 /** Seconds a client should wait before retrying a 503 (draining, worker down). */
 export const RETRY_AFTER_UNAVAILABLE_S = 5;
 
@@ -44,7 +44,7 @@ class Ticket {
 }
 
 /** The 429 body: OpenAI's error shape. */
-export function queueFullBody(max: number): object {
+function queueFullBody(max: number): object {
   return {
     error: {
       message: `the server is busy: ${max} requests are already waiting (--max-num-queued-requests); retry later`,

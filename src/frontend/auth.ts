@@ -9,7 +9,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { DASHBOARD_PAGE_PATHS } from "./dashboard/routes.js";
 
 /** Routes anyone may call: load balancers' health checks, and the dashboard page (not its data). */
-export const OPEN_ROUTES: ReadonlySet<string> = new Set(["/health", ...DASHBOARD_PAGE_PATHS]);
+const OPEN_ROUTES: ReadonlySet<string> = new Set(["/health", ...DASHBOARD_PAGE_PATHS]);
 
 function digest(text: string): Buffer {
   return createHash("sha256").update(text, "utf8").digest();
@@ -20,7 +20,7 @@ export function keyMatches(expectedDigest: Buffer, presented: string): boolean {
   return timingSafeEqual(expectedDigest, digest(presented));
 }
 
-export function unauthorizedBody(message: string): object {
+function unauthorizedBody(message: string): object {
   return { error: { message, type: "invalid_request_error", param: null, code: "invalid_api_key" } };
 }
 

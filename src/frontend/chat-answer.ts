@@ -167,15 +167,15 @@ export class ChatChoiceOutput {
   }
 }
 
-export function joinPieces(a: ChatPiece, b: ChatPiece): ChatPiece {
+function joinPieces(a: ChatPiece, b: ChatPiece): ChatPiece {
   return { reasoning: a.reasoning + b.reasoning, content: a.content + b.content, toolCalls: joinToolCallDeltas([...a.toolCalls], b.toolCalls) };
 }
 
-export function isEmptyPiece(piece: ChatPiece): boolean {
+function isEmptyPiece(piece: ChatPiece): boolean {
   return piece.reasoning === "" && piece.content === "" && piece.toolCalls.length === 0;
 }
 
 /** A collected choice's tool calls. */
-export function toolCallsOf(piece: ChatPiece): ToolCall[] {
+function toolCallsOf(piece: ChatPiece): ToolCall[] {
   return mergeToolCallDeltas(piece.toolCalls);
 }

@@ -10,7 +10,7 @@ import type { FrontendContext } from "./context.js";
 import type { OpenAIFinishReason } from "./generation.js";
 import { chatLogprobs, vllmPromptLogprobs } from "./logprobs-format.js";
 import { badRequest } from "./openai-error.js";
-import { parseChatRequest } from "./request-validation.js";
+import { parseChatRequest, type ChatRequest } from "./request-validation.js";
 import {
   buildChoices,
   checkAvailable,
@@ -19,6 +19,7 @@ import {
   newRequestId,
   streamGeneration,
   unixSeconds,
+  type ChoiceSpec,
   type StreamFormat,
   type Usage,
 } from "./run-generation.js";
@@ -58,12 +59,20 @@ export function renderChatPrompt(ctx: FrontendContext, req: ChatRenderRequest): 
   }
 }
 
-export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
-  const arrivalMs = performance.now();
-  const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null });
-  ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
-  checkModel(ctx, req.model);
-  checkAvailable(ctx);
+/** A chat request ready to submit: its engine requests (one per choice) and how their text becomes answers. */
+export interface PreparedChat {
+  answer: ChatAnswer;
+  promptIds: number[];
+  media: PromptMedia | null;
+  specs: ChoiceSpec[];
+}
+
+/**
+ * Everything between a validated chat request and its submission (the
+ * Responses API shares it): the tool choice checked, the grammar compiled and
+ * attached, the prompt rendered and tokenized, images loaded and expanded.
+ */
+export async function prepareChat(ctx: FrontendContext, req: ChatRequest, id: string, arrivalMs: number): Promise<PreparedChat> {
   checkToolChoice(ctx, req);
   const forced = toolChoiceGrammar(req.tools.toolChoice, req.tools.functions, req.tools.parallelToolCalls);
   if (forced !== null && req.structuredOutput !== null) {
@@ -89,11 +98,21 @@ export async function handleChatCompletion(ctx: FrontendContext, request: Fastif
     ({ promptIds, media } = expandImageTokens(promptIds, ctx.vision, req.images, images));
   }
   const answer = new ChatAnswer(ctx, req, prompt);
-  const genReq = answer.generationRequest;
-  const id = newRequestId("chatcmpl");
-  const specs = buildChoices(ctx, id, [promptIds], genReq, arrivalMs);
+  const specs = buildChoices(ctx, id, [promptIds], answer.generationRequest, arrivalMs);
   if (grammar !== null) attachGrammar(specs, { spec: grammar.spec, reasoning: answer.grammarReasoning() });
   if (media !== null) for (const spec of specs) spec.request.media = media;
+  return { answer, promptIds, media, specs };
+}
+
+export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
+  const arrivalMs = performance.now();
+  const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null });
+  ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
+  checkModel(ctx, req.model);
+  checkAvailable(ctx);
+  const id = newRequestId("chatcmpl");
+  const { answer, promptIds, media, specs } = await prepareChat(ctx, req, id, arrivalMs);
+  const genReq = answer.generationRequest;
   const created = unixSeconds();
   const model = ctx.servedModelName;
 

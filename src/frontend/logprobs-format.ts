@@ -7,7 +7,7 @@ import type { ResolvedAlternative, ResolvedLogprob, ResolvedPromptLogprob } from
 import { textLength } from "../text/token-text.js";
 
 /** JSON has no -Infinity; vLLM clamps the same way. */
-export function clampLogprob(logprob: number): number {
+function clampLogprob(logprob: number): number {
   return Math.max(logprob, -9999);
 }
 

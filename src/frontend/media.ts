@@ -112,7 +112,7 @@ export async function loadImages(parts: readonly ImagePart[], options: MediaOpti
 }
 
 /** 53-bit hash of an image's bytes (the prefix cache's key for its tokens). */
-export function imageHash(bytes: Uint8Array): number {
+function imageHash(bytes: Uint8Array): number {
   const digest = createHash("sha256").update(bytes).digest();
   return (digest.readUInt32LE(4) & 0x1f_ffff) * 0x1_0000_0000 + digest.readUInt32LE(0);
 }

@@ -22,14 +22,14 @@ export interface ValidationLimits {
 }
 
 /** The message roles of OpenAI's chat API (vLLM accepts the same). */
-export const MESSAGE_ROLES: readonly string[] = ["system", "developer", "user", "assistant", "tool", "function"];
+const MESSAGE_ROLES: readonly string[] = ["system", "developer", "user", "assistant", "tool", "function"];
 
 /** vLLM's default --max-logprobs. */
-export const MAX_LOGPROBS = 20;
+const MAX_LOGPROBS = 20;
 /** Most generations one request may start (n times the number of prompts). */
-export const MAX_CHOICES = 128;
+const MAX_CHOICES = 128;
 /** Most stop strings per request. */
-export const MAX_STOP_STRINGS = 64;
+const MAX_STOP_STRINGS = 64;
 
 export interface SamplingRequest {
   model: string | null;
@@ -253,12 +253,12 @@ function toApiError(issue: z.ZodIssue, body: unknown): ApiError {
 }
 
 /** Top-level keys of the body that the schema does not know. */
-function unknownKeys(schema: z.AnyZodObject, raw: unknown): string[] {
+export function unknownKeys(schema: z.AnyZodObject, raw: unknown): string[] {
   if (typeof raw !== "object" || raw === null) return [];
   return Object.keys(raw).filter((key) => !(key in schema.shape));
 }
 
-function parseWith<T extends z.ZodTypeAny>(schema: T, raw: unknown): z.infer<T> {
+export function parseWith<T extends z.ZodTypeAny>(schema: T, raw: unknown): z.infer<T> {
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
     throw badRequest(`the request body must be a JSON object, got ${describe(raw)}`);
   }
@@ -363,7 +363,7 @@ function parseSampling(
 }
 
 /** vLLM's default max_tokens for /v1/completions. */
-export const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
+const COMPLETIONS_DEFAULT_MAX_TOKENS = 16;
 
 function isIdList(value: unknown): value is number[] {
   return Array.isArray(value) && value.every((v) => typeof v === "number");
@@ -475,7 +475,7 @@ export function parseGenerateRequest(raw: unknown, limits: ValidationLimits): Ge
 // ---- /v1/audio/speech -----------------------------------------------------
 
 /** OpenAI's limit on the text of one speech request. */
-export const MAX_SPEECH_INPUT_CHARS = 4096;
+const MAX_SPEECH_INPUT_CHARS = 4096;
 
 export interface SpeechRequest {
   model: string | null;
@@ -531,7 +531,7 @@ export function parseSpeechRequest(raw: unknown): SpeechRequest {
 // ---- /v1/images/generations -----------------------------------------------
 
 /** OpenAI's limit on the prompt of one image request (dall-e-3's). */
-export const MAX_IMAGE_PROMPT_CHARS = 4000;
+const MAX_IMAGE_PROMPT_CHARS = 4000;
 
 export interface ImageRequest {
   model: string | null;

@@ -9,7 +9,7 @@ import type { EngineRequest } from "../engine/types.js";
 import { StopStringMatcher } from "../text/stop-strings.js";
 import { TokenTextSession } from "../text/token-text.js";
 import type { FrontendContext } from "./context.js";
-import { Generation, type GenerationDelta, type OpenAIFinishReason, type ResolvedLogprob, type ResolvedPromptLogprob } from "./generation.js";
+import { Generation, type GenerationDelta, type GenerationSink, type OpenAIFinishReason, type ResolvedLogprob, type ResolvedPromptLogprob } from "./generation.js";
 import { ApiError, modelNotFound, serviceUnavailable, type OpenAIErrorBody } from "./openai-error.js";
 import type { SamplingRequest } from "./request-validation.js";
 import { resolveMaxTokens, toEngineRequest } from "./sampling.js";
@@ -32,7 +32,7 @@ export interface ChoiceSpec {
   request: EngineRequest;
 }
 
-export interface CollectedChoice {
+interface CollectedChoice {
   index: number;
   promptIndex: number;
   text: string;
@@ -121,7 +121,7 @@ function usageOf(specs: readonly ChoiceSpec[], generations: readonly Generation[
   };
 }
 
-function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: ConstructorParameters<typeof Generation>[4]): Generation {
+export function newGeneration(ctx: FrontendContext, spec: ChoiceSpec, req: SamplingRequest, sink: GenerationSink): Generation {
   const session = ctx.detokenizer.session(spec.request.promptIds, req.skipSpecialTokens);
   const vocabulary = ctx.tokenizer.vocabulary;
   return new Generation(ctx.sessions, spec.name, session, spec.request, sink, {

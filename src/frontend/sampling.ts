@@ -88,7 +88,7 @@ export function samplingOf(temperature: number, seed: number | null): SamplingPa
   };
 }
 
-export function toStopConditions(req: SamplingRequest, maxTokens: number, limits: ModelLimits): StopConditions {
+function toStopConditions(req: SamplingRequest, maxTokens: number, limits: ModelLimits): StopConditions {
   return {
     maxTokens,
     eosTokenIds: [...limits.eosTokenIds],

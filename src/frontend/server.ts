@@ -10,6 +10,7 @@ import { DetokenizerBatcher } from "../text/detokenizer.js";
 import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
 import { handleCompletion } from "./completions.js";
+import { handleEmbeddings } from "./embeddings.js";
 import { batonVersion, handleDetokenize, handleGenerate, handleTokenize } from "./extra-endpoints.js";
 import type { FrontendContext } from "./context.js";
 import type { EngineHandle } from "../engine/types.js";
@@ -23,10 +24,13 @@ import type { BatonMetrics } from "../observability/metrics.js";
 import { RequestSessions } from "./request-session.js";
 import multipart from "@fastify/multipart";
 import { registerDashboard } from "./dashboard/routes.js";
+import { registerResponsesRoutes } from "./responses/routes.js";
+import { RESPONSES_STORE_DEFAULTS, type ResponseStoreOptions } from "./responses/store.js";
 import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions, type GraphEngineHandle } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
 import type { VisionPrompt } from "../config/model-dir.js";
 import { NO_MEDIA_ALLOWED, type MediaOptions } from "./media.js";
+import type { PoolingInfo } from "../transport/messages.js";
 
 export interface ServerOptions {
   engine: EngineHandle;
@@ -66,10 +70,14 @@ export interface ServerOptions {
   graph?: (Omit<GraphEndpointsOptions, "unavailableReason" | "sessions"> & { engine: GraphEngineHandle }) | null;
   /** A vision-language model's image placement; null/undefined: image parts are a 400. */
   vision?: VisionPrompt | null;
+  /** A pooling model's Ready.pooling: /v1/embeddings serves it and the generating routes answer 400; null/undefined: a generating model. */
+  pooling?: PoolingInfo | null;
   /** What image parts may load (default: data: URLs only, 20 MiB each). */
   media?: MediaOptions;
   /** The live dashboard at / and /dashboard; null/undefined: no dashboard. */
   dashboard?: DashboardSource | null;
+  /** The Responses API's in-memory store (--responses-store-max-bytes, --responses-store-ttl). */
+  responsesStore?: ResponseStoreOptions;
 }
 
 export interface BatonServer {
@@ -229,8 +237,19 @@ export function buildServer(options: ServerOptions): BatonServer {
     const route = graph?.outputModalities.includes("image") ? "/v1/images/generations" : "/v1/audio/speech";
     throw badRequest(`model ${options.servedModelName} does not produce text (it produces ${produces}); use ${route} or the multipart form of /generate`);
   };
-  app.post("/v1/completions", (request, reply) => handleCompletion(textContext(), request, reply));
-  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(textContext(), request, reply));
+  const pooling = options.pooling ?? null;
+  // A pooling model embeds; it generates no text.
+  const generateContext = (): FrontendContext => {
+    if (pooling !== null) throw badRequest(`model ${options.servedModelName} is a pooling model (an embedding model): it generates no text; use /v1/embeddings`);
+    return textContext();
+  };
+  app.post("/v1/completions", (request, reply) => handleCompletion(generateContext(), request, reply));
+  app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(generateContext(), request, reply));
+  app.post("/v1/embeddings", (request, reply) => {
+    if (pooling === null) throw badRequest(`model ${options.servedModelName} generates text; /v1/embeddings needs a pooling model (an embedding model, --runner pooling)`);
+    return handleEmbeddings(textContext(), pooling, request, reply);
+  });
+  registerResponsesRoutes(app, generateContext, options.responsesStore ?? RESPONSES_STORE_DEFAULTS);
   app.post("/tokenize", (request) => handleTokenize(textContext(), request));
   app.post("/detokenize", (request) => handleDetokenize(textContext(), request));
   app.get("/version", async () => ({ version: batonVersion() }));
@@ -240,7 +259,7 @@ export function buildServer(options: ServerOptions): BatonServer {
       if (graph === null) throw badRequest("this model takes the JSON form of /generate (prompt_token_ids, prompt); the multipart form is for graph models");
       return handleMultipartGenerate(graph, request, reply);
     }
-    return handleGenerate(textContext(), request, reply);
+    return handleGenerate(generateContext(), request, reply);
   });
   app.post("/v1/audio/speech", (request, reply) => {
     if (graph === null) throw badRequest(`model ${options.servedModelName} does not produce audio; /v1/audio/speech needs a speech model`);

@@ -36,7 +36,7 @@ export const ROUTE_CLIENT = 1;
 export const ROUTE_STREAM = 2;
 export const ROUTE_PERSIST = 3;
 export const ROUTE_DROP = 4;
-export type RouteKind = typeof ROUTE_SLOT | typeof ROUTE_CLIENT | typeof ROUTE_STREAM | typeof ROUTE_PERSIST | typeof ROUTE_DROP;
+type RouteKind = typeof ROUTE_SLOT | typeof ROUTE_CLIENT | typeof ROUTE_STREAM | typeof ROUTE_PERSIST | typeof ROUTE_DROP;
 
 export interface Route {
   readonly kind: RouteKind;
@@ -56,13 +56,13 @@ export interface CompiledNode {
   readonly stopTokenIds: readonly number[];
 }
 
-export const SECTION_NODE = 0;
-export const SECTION_SEQUENTIAL = 1;
-export const SECTION_PARALLEL = 2;
+const SECTION_NODE = 0;
+const SECTION_SEQUENTIAL = 1;
+const SECTION_PARALLEL = 2;
 export const SECTION_LOOP = 3;
-export type CompiledSectionKind = typeof SECTION_NODE | typeof SECTION_SEQUENTIAL | typeof SECTION_PARALLEL | typeof SECTION_LOOP;
+type CompiledSectionKind = typeof SECTION_NODE | typeof SECTION_SEQUENTIAL | typeof SECTION_PARALLEL | typeof SECTION_LOOP;
 
-export interface CompiledSection {
+interface CompiledSection {
   readonly id: number;
   readonly kind: CompiledSectionKind;
   readonly walk: number;
@@ -75,7 +75,7 @@ export interface CompiledSection {
   readonly loop: number;
 }
 
-export interface LoopCapture {
+interface LoopCapture {
   /** Global capture id (index of per-request capture storage). */
   readonly id: number;
   readonly loop: number;
@@ -147,7 +147,7 @@ export interface CompiledWalkNode {
   readonly engineCarriedSlots: readonly number[];
 }
 
-export interface CompiledStepInput {
+interface CompiledStepInput {
   readonly slot: number;
   /** Prompt name id, or -1. */
   readonly prompt: number;
@@ -162,7 +162,7 @@ export interface CompiledStep {
   readonly release: readonly number[];
 }
 
-export interface CompiledPartition {
+interface CompiledPartition {
   readonly id: number;
   readonly name: string;
   readonly walks: readonly number[];
@@ -175,7 +175,7 @@ export interface CompiledPartition {
   readonly pythonTransitions: boolean;
 }
 
-export interface CompiledConnection {
+interface CompiledConnection {
   readonly id: number;
   readonly from: number;
   readonly to: number;

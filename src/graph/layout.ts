@@ -11,7 +11,7 @@ export const EMPTY_DESTINATION = "";
 
 export type EngineKind = "kv_cache" | "stateless";
 
-export interface LayoutNode {
+interface LayoutNode {
   name: string;
   engine: EngineKind;
   /** May the node's next step be scheduled before this one's result is back. */
@@ -32,7 +32,7 @@ export interface LayoutEdge {
   target_partition: string;
 }
 
-export type SectionKind = "node" | "sequential" | "parallel" | "loop";
+type SectionKind = "node" | "sequential" | "parallel" | "loop";
 
 export interface LayoutSection {
   kind: SectionKind;
@@ -45,13 +45,13 @@ export interface LayoutSection {
   max_iters: number;
 }
 
-export interface LayoutWalk {
+interface LayoutWalk {
   name: string;
   partition: string;
   root: number;
 }
 
-export type WalkInputSource = "prompt" | "persist";
+type WalkInputSource = "prompt" | "persist";
 
 export interface WalkInput {
   node: string;
@@ -67,7 +67,7 @@ export interface WalkStep {
   release: string[];
 }
 
-export interface LayoutPartition {
+interface LayoutPartition {
   name: string;
   walks: string[];
   /** null: inactive from the start. */
@@ -76,7 +76,7 @@ export interface LayoutPartition {
   python_transitions: boolean;
 }
 
-export type ChunkPolicyKind = "fixed" | "sliding_window" | "left_context";
+type ChunkPolicyKind = "fixed" | "sliding_window" | "left_context";
 
 export interface ChunkPolicySpec {
   kind: ChunkPolicyKind;
@@ -90,14 +90,14 @@ export interface ChunkPolicySpec {
   continue_after_done: boolean;
 }
 
-export interface LayoutConnection {
+interface LayoutConnection {
   from_partition: string;
   to_partition: string;
   edge_name: string;
   policy: ChunkPolicySpec;
 }
 
-export interface LayoutClientOutput {
+interface LayoutClientOutput {
   name: string;
   modality: string;
 }

@@ -28,10 +28,11 @@
 // on the prefill worker), simply run on the prefill core. Structured output
 // is not served here (the first token is sampled without the mask).
 
-import { EngineCore, RequestRejectedError, type EngineConfig, type EngineCoreOptions, type EngineStats, type KvLoadListener } from "../engine/engine-core.js";
+import { EngineCore, RequestRejectedError, type EngineConfig, type EngineStats, type KvLoadListener } from "../engine/engine-core.js";
+import { EngineOutputs, type OutputSink } from "../engine/outputs.js";
 import type { KvLoad } from "../engine/scheduler.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import type { EngineRequest, OutputCallback, RequestId, RequestOutput } from "../engine/types.js";
+import type { EngineRequest, RequestId, RequestOutput } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import type { KvTransfer } from "../transport/messages.js";
 
@@ -58,15 +59,14 @@ export interface KvSendLane extends StepExecutor {
 export interface DisaggregatedCoreOptions {
   prefill: { lane: KvSendLane; config: EngineConfig };
   decode: { lane: KvSendLane; config: EngineConfig };
-  /** How both cores hand their step's outputs to their callbacks (EngineCoreOptions.deliverStepOutputs). */
-  deliverStepOutputs?: EngineCoreOptions["deliverStepOutputs"];
+  /** Where the pair's outputs go, as the client sees them: one batch per step of either core. */
+  onOutputs: OutputSink;
   /** Longest the prefill side holds a request's blocks for a started transfer (default 60 s). */
   transferTimeoutMs?: number;
 }
 
 interface SplitRequest {
   readonly request: EngineRequest;
-  readonly onOutput: OutputCallback;
   phase: "prefill" | "decode";
   /** The prefill side holds this request's blocks (not released yet). */
   held: boolean;
@@ -87,15 +87,16 @@ export class DisaggregatedCore implements KvLoadListener {
   /** Transfer id -> the request whose prefill blocks it reads, with its timeout. */
   private readonly transfers = new Map<number, { requestId: RequestId; timer: NodeJS.Timeout }>();
   private numLoadFailures = 0;
+  private readonly onOutputs: OutputSink;
 
   constructor(options: DisaggregatedCoreOptions) {
     this.prefillLane = options.prefill.lane;
     this.decodeRank = options.decode.lane.rank;
     this.decodeMaxModelLen = options.decode.config.maxModelLen;
     this.transferTimeoutMs = options.transferTimeoutMs ?? 60_000;
-    const deliver = options.deliverStepOutputs;
-    this.prefill = new EngineCore(options.prefill.lane, options.prefill.config, { deliverStepOutputs: deliver });
-    this.decode = new EngineCore(options.decode.lane, options.decode.config, { deliverStepOutputs: deliver, kvLoads: this });
+    this.onOutputs = options.onOutputs;
+    this.prefill = new EngineCore(options.prefill.lane, options.prefill.config, { onOutputs: (batch) => this.onPrefillOutputs(batch) });
+    this.decode = new EngineCore(options.decode.lane, options.decode.config, { onOutputs: (batch) => this.onDecodeOutputs(batch), kvLoads: this });
   }
 
   /** The first token is sampled on the prefill side, where no grammar mask applies. */
@@ -119,7 +120,7 @@ export class DisaggregatedCore implements KvLoadListener {
       numSteps: p.numSteps + d.numSteps,
       numPrefixQueryTokens: p.numPrefixQueryTokens + d.numPrefixQueryTokens,
       numPrefixHitTokens: p.numPrefixHitTokens + d.numPrefixHitTokens,
-      numCallbackErrors: p.numCallbackErrors + d.numCallbackErrors,
+      numSinkErrors: p.numSinkErrors + d.numSinkErrors,
       numKvTransferBytes: d.numKvTransferBytes ?? 0,
       prefillKv: { numFreeBlocks: p.numFreeBlocks, numBlocks: p.numBlocks, numHeldBlocks: this.prefill.numHeldBlocks },
     };
@@ -130,17 +131,17 @@ export class DisaggregatedCore implements KvLoadListener {
     return this.numLoadFailures;
   }
 
-  submit(req: EngineRequest, onOutput: OutputCallback): void {
+  submit(req: EngineRequest): void {
     if (req.grammar != null) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available with prefill/decode disaggregation`);
     if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     // Nothing to decode, or image features that live on the prefill worker (a failed load could not recompute
     // them on the decode side): the prefill side serves the request alone.
     if (req.stop.maxTokens <= 1 || (req.media?.spans.length ?? 0) > 0 || req.embedsHandle !== undefined) {
-      this.prefill.submit(req, onOutput);
+      this.prefill.submit(req);
       return;
     }
-    const split: SplitRequest = { request: req, onOutput, phase: "prefill", held: false, transferId: -1, numCachedTokens: 0 };
-    this.prefill.submit({ ...req, stop: { ...req.stop, maxTokens: 1 }, kvTransfer: { role: "producer" } }, (out) => this.onPrefillOutput(split, out));
+    const split: SplitRequest = { request: req, phase: "prefill", held: false, transferId: -1, numCachedTokens: 0 };
+    this.prefill.submit({ ...req, stop: { ...req.stop, maxTokens: 1 }, kvTransfer: { role: "producer" } });
     this.live.set(req.id, split);
   }
 
@@ -195,7 +196,18 @@ export class DisaggregatedCore implements KvLoadListener {
 
   // ------------------------------------------------------------ outputs
 
-  private onPrefillOutput(split: SplitRequest, out: RequestOutput): void {
+  /** Requests the prefill side serves alone pass through; a split request's first token moves it to the decode side. */
+  private onPrefillOutputs(batch: EngineOutputs): void {
+    const client = new EngineOutputs(batch.numPlain);
+    batch.forEach((out) => {
+      const split = this.live.get(out.requestId);
+      if (split === undefined || split.phase !== "prefill") client.add(out);
+      else this.onPrefillOutput(split, out, client);
+    });
+    if (client.size > 0) this.onOutputs(client);
+  }
+
+  private onPrefillOutput(split: SplitRequest, out: RequestOutput, client: EngineOutputs): void {
     const req = split.request;
     const heldBlocks = out.finished && out.finishReason === "length" ? this.prefill.heldBlocks(req.id) : null;
     const firstToken = out.newTokenIds[0];
@@ -203,7 +215,7 @@ export class DisaggregatedCore implements KvLoadListener {
       // Ended on the prefill side (a stop token, the length limit, an abort or an error).
       this.prefill.releaseHeld(req.id);
       this.live.delete(req.id);
-      split.onOutput(out);
+      client.add(out);
       return;
     }
     split.held = true;
@@ -223,24 +235,37 @@ export class DisaggregatedCore implements KvLoadListener {
     const first: RequestOutput = { ...out, finished: false, finishReason: null, stopTokenId: null, error: null };
     delete first.timing;
     try {
-      this.decode.submit(decodeRequest, (o) => this.onDecodeOutput(split, o));
+      this.decode.submit(decodeRequest);
     } catch (error) {
       this.releaseHeld(split);
       this.live.delete(req.id);
-      split.onOutput({ ...out, finishReason: "error", error: (error as Error).message });
+      client.add({ ...out, finishReason: "error", error: (error as Error).message });
       return;
     }
-    split.onOutput(first);
+    client.add(first);
   }
 
-  private onDecodeOutput(split: SplitRequest, out: RequestOutput): void {
-    if (out.finished) {
-      this.live.delete(split.request.id);
-      // Ended before its load started, or while it ran (the cancel keeps the late bytes out of the decode cache).
-      if (split.transferId >= 0) this.endTransfer(split.transferId);
-      else this.releaseHeld(split);
+  /** The decode side's batch goes on as it is, with the client's cached-token count (the prefill side's hits). */
+  private onDecodeOutputs(batch: EngineOutputs): void {
+    const plain = batch.plain;
+    for (let i = 0, at = 0; i < batch.numPlain; i++, at += 3) {
+      const split = this.live.get(plain[at] as number);
+      if (split !== undefined) plain[at + 2] = split.numCachedTokens;
     }
-    split.onOutput(out.numCachedTokens === split.numCachedTokens ? out : { ...out, numCachedTokens: split.numCachedTokens });
+    const rich = batch.rich;
+    for (let i = 0; i < rich.length; i++) {
+      const out = rich[i] as RequestOutput;
+      const split = this.live.get(out.requestId);
+      if (split === undefined) continue;
+      if (out.finished) {
+        this.live.delete(split.request.id);
+        // Ended before its load started, or while it ran (the cancel keeps the late bytes out of the decode cache).
+        if (split.transferId >= 0) this.endTransfer(split.transferId);
+        else this.releaseHeld(split);
+      }
+      if (out.numCachedTokens !== split.numCachedTokens) rich[i] = { ...out, numCachedTokens: split.numCachedTokens };
+    }
+    this.onOutputs(batch);
   }
 
   private endTransfer(transferId: number): void {

@@ -21,8 +21,3 @@ export function createLogger(level: LogLevel = "info"): Logger {
     pino.destination({ dest: 2, sync: true }),
   );
 }
-
-/** A logger that drops everything (tests, embedding). */
-export function silentLogger(): Logger {
-  return pino({ level: "silent" });
-}

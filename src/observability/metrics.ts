@@ -70,7 +70,7 @@ const STEP_PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
 const PHASES = ["schedule", "build", "worker", "process"] as const;
 
 /** A graph of models' per-node numbers (ServingEngine satisfies it). */
-export interface NodeStatsSource {
+interface NodeStatsSource {
   nodeStats(): readonly { node: string; queueDepth: number }[];
   /** Stateless batches' round trips since the last call. */
   takeNodeSteps(): readonly { node: string; seconds: number; passes: number }[];
@@ -91,7 +91,7 @@ const HISTOGRAMS = [
 ];
 
 /** The data-parallel router's decisions (DataParallelEngine satisfies it). */
-export interface RouterStatsSource {
+interface RouterStatsSource {
   routedCounts(): readonly { replica: number; reason: string; count: number }[];
 }
 

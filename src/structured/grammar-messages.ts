@@ -28,32 +28,32 @@ export interface MaskRow {
   allow: number[];
 }
 
-export interface CompileRequest {
+interface CompileRequest {
   kind: "compile";
   id: number;
   spec: GrammarSpec;
 }
 
-export interface MasksRequest {
+interface MasksRequest {
   kind: "masks";
   id: number;
   rows: MaskRow[];
 }
 
-export interface ReleaseRequest {
+interface ReleaseRequest {
   kind: "release";
   matchers: number[];
 }
 
 /** A new client's port (an engine thread's). */
-export interface ConnectRequest {
+interface ConnectRequest {
   kind: "connect";
   port: MessagePort;
 }
 
 export type ToGrammarThread = CompileRequest | MasksRequest | ReleaseRequest | ConnectRequest;
 
-export interface CompiledReply {
+interface CompiledReply {
   kind: "compiled";
   id: number;
   /** Why the grammar cannot be used; null when it compiled. */

@@ -3,7 +3,7 @@
 // choice): a kind and its source text. The key names a compiled grammar in
 // the grammar thread's cache; equal specs share one compilation.
 
-export type GrammarKind = "json_schema" | "json_object" | "regex" | "choice" | "ebnf" | "structural_tag";
+type GrammarKind = "json_schema" | "json_object" | "regex" | "choice" | "ebnf" | "structural_tag";
 
 export interface GrammarSpec {
   kind: GrammarKind;
@@ -16,7 +16,7 @@ export function grammarKey(spec: GrammarSpec): string {
 }
 
 /** An EBNF string literal matching exactly `text` (xgrammar's EBNF escapes). */
-export function ebnfString(text: string): string {
+function ebnfString(text: string): string {
   let out = '"';
   for (const ch of text) {
     const code = ch.codePointAt(0) as number;

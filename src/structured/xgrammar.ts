@@ -15,12 +15,12 @@
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
-export interface TokenizerInfo {
+interface TokenizerInfo {
   getVocabSize(): number;
   dispose(): void;
 }
 
-export interface Grammar {
+interface Grammar {
   toString(): string;
   dispose(): void;
 }

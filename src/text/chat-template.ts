@@ -17,10 +17,10 @@ export class ChatTemplateError extends Error {
 }
 
 /** A content part as a template that loops over content sees it (transformers' processors' form). */
-export type TemplatePart = { type: "text"; text: string } | { type: "image" };
+type TemplatePart = { type: "text"; text: string } | { type: "image" };
 
 /** The message's content parts, in order, kept beside the joined string for "openai"-format templates (a symbol: templates never see it). */
-export const CONTENT_PARTS: unique symbol = Symbol("content parts");
+const CONTENT_PARTS: unique symbol = Symbol("content parts");
 
 /** A message as the template sees it: content is a string ("string" format) or its parts ("openai" format). */
 export interface TemplateMessage {
@@ -39,7 +39,7 @@ export type ContentFormat = "string" | "openai";
 
 const CONTENT_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content)(?![\w.[])/;
 
-export function detectContentFormat(source: string): ContentFormat {
+function detectContentFormat(source: string): ContentFormat {
   return CONTENT_LOOP.test(source) ? "openai" : "string";
 }
 
@@ -74,7 +74,7 @@ export interface ImageCollector {
  * an image_url part becomes the model's image placeholder (`images`) in its
  * place, and is refused for a model without one; other part types are refused.
  */
-export function normalizeContent(content: unknown, param: string, images: ImageCollector | null = null, parts: TemplatePart[] = []): string {
+function normalizeContent(content: unknown, param: string, images: ImageCollector | null = null, parts: TemplatePart[] = []): string {
   if (typeof content === "string") {
     parts.push({ type: "text", text: content });
     return content;

@@ -35,7 +35,7 @@ export interface BatchDecoder {
 export const detokenizerTimings = { busyMs: 0 };
 
 /** Prompt tokens kept as decoding context (vLLM's INITIAL_INCREMENTAL_DETOKENIZATION_OFFSET). */
-export const PROMPT_CONTEXT_TOKENS = 5;
+const PROMPT_CONTEXT_TOKENS = 5;
 
 const REPLACEMENT_CHAR = "\uFFFD";
 

@@ -62,7 +62,7 @@ function isWholeUtf8(bytes: Uint8Array): boolean {
 }
 
 /** vLLM's form for a token that is not whole UTF-8 on its own. */
-export function bytesToken(bytes: Uint8Array): string {
+function bytesToken(bytes: Uint8Array): string {
   let out = "bytes:";
   for (const b of bytes) out += `\\x${b.toString(16).padStart(2, "0")}`;
   return out;

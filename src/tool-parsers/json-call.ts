@@ -72,7 +72,7 @@ export class JsonValueEnd {
   }
 }
 
-export function isSpace(c: string): boolean {
+function isSpace(c: string): boolean {
   return c === " " || c === "\n" || c === "\t" || c === "\r";
 }
 

@@ -40,7 +40,7 @@ function randomAlphanumeric(length: number): string {
 }
 
 /** A fresh call id: "call_" + 24 characters, or Mistral's 9 alphanumerics (its chat templates refuse other ids). */
-export function newToolCallId(style: ToolCallIdStyle): string {
+function newToolCallId(style: ToolCallIdStyle): string {
   return style === "mistral" ? randomAlphanumeric(9) : `call_${randomAlphanumeric(24)}`;
 }
 

@@ -18,7 +18,7 @@ import { MistralToolParser } from "./mistral.js";
 import { Qwen3CoderToolParser } from "./qwen3-coder.js";
 import type { ToolCallParser } from "./streaming-parser.js";
 
-export type { ToolCallParser, ToolParserPiece } from "./streaming-parser.js";
+export type { ToolCallParser } from "./streaming-parser.js";
 
 export const TOOL_CALL_PARSERS = ["hermes", "llama3_json", "mistral", "qwen3_coder"] as const;
 export type ToolCallParserName = (typeof TOOL_CALL_PARSERS)[number];

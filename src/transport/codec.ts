@@ -39,7 +39,7 @@ type Encoder = (value: unknown, path: string) => unknown;
 type Decoder = (value: unknown, path: string) => unknown;
 
 /** How a decoded value looks, for error messages: "int", "float", "string", "nil", "bin(7 bytes)", ... */
-export function describeValue(value: unknown): string {
+function describeValue(value: unknown): string {
   if (value === null) return "nil";
   if (value === undefined) return "undefined";
   if (typeof value === "number") return Number.isInteger(value) ? "int" : "float";
@@ -417,7 +417,7 @@ export function createCodec(schema: Schema): Codec {
 let defaultCodec: Codec | undefined;
 
 /** The codec for protocol/schema.json (through the tables generated into messages.ts). */
-export function wireCodec(): Codec {
+function wireCodec(): Codec {
   defaultCodec ??= createCodec(loadSchema());
   return defaultCodec;
 }

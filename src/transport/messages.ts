@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 9;
+export const PROTOCOL_VERSION = 10;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -136,6 +136,15 @@ export interface GraphWork {
   finished_requests: Int32Array;
 }
 
+export interface PoolingInfo {
+  pooling_type: string;
+  normalize: boolean;
+  dimensions: number;
+  causal: boolean;
+  is_matryoshka: boolean;
+  matryoshka_dimensions: number[];
+}
+
 export interface KvWork {
   sends: KvTransfer[];
   loads: KvTransfer[];
@@ -192,6 +201,7 @@ export interface ShutdownMessage {
 }
 
 /**
+ * pooling: nil for a generating model; for a pooling model (--runner pooling) how its prompt becomes one vector. Every request of such a worker is prefill only: the row that reaches the end of its prompt (sample = 1) is pooled instead of sampled (StepResult.pooled). pooling_type: cls (first position), mean (every position) or last (last position) of the last hidden layer; normalize: the vector is L2-normalized; dimensions: its length; causal false: a bidirectional encoder, which needs a request's whole prompt in one row (never chunked, never a prefix-cache hit) and keeps no KV (num_blocks only counts for the scheduler); is_matryoshka / matryoshka_dimensions: the model's config allows truncating the vector (to those lengths only, when listed).
  * graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode.
  */
 export interface ReadyMessage {
@@ -206,6 +216,7 @@ export interface ReadyMessage {
   device: string;
   worker_pid: number;
   graph: unknown;
+  pooling: PoolingInfo | null;
 }
 
 /**
@@ -238,6 +249,7 @@ export interface StepResultMessage {
   kv_load_failed: Int32Array;
   kv_load_errors: string[];
   kv_bytes: number;
+  pooled: Float32Array | null;
 }
 
 export interface PongMessage {
@@ -261,7 +273,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 9,
+  protocolVersion: 10,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -367,6 +379,14 @@ export const WIRE_TABLES: WireTables = {
       { name: "releases", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
       { name: "finished_requests", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
     ],
+    PoolingInfo: [
+      { name: "pooling_type", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "normalize", type: { kind: "bool", nullable: false, text: "bool" } },
+      { name: "dimensions", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "causal", type: { kind: "bool", nullable: false, text: "bool" } },
+      { name: "is_matryoshka", type: { kind: "bool", nullable: false, text: "bool" } },
+      { name: "matryoshka_dimensions", type: { kind: "int[]", nullable: false, text: "int[]" } },
+    ],
     KvWork: [
       { name: "sends", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
       { name: "loads", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
@@ -426,6 +446,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "device", type: { kind: "str", nullable: false, text: "str" } },
         { name: "worker_pid", type: { kind: "int", nullable: false, text: "int" } },
         { name: "graph", type: { kind: "any", nullable: false, text: "any" } },
+        { name: "pooling", type: { kind: "struct", struct: "PoolingInfo", nullable: true, text: "PoolingInfo?" } },
       ],
     },
     StepResult: {
@@ -451,6 +472,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "kv_load_failed", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "kv_load_errors", type: { kind: "str[]", nullable: false, text: "str[]" } },
         { name: "kv_bytes", type: { kind: "int", nullable: false, text: "int" } },
+        { name: "pooled", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
       ],
     },
     Pong: {

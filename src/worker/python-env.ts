@@ -16,8 +16,8 @@ export interface PythonEnv {
   env: NodeJS.ProcessEnv;
 }
 
-export const workerPythonDir: string = join(packageRoot, "python");
-export const defaultVenvPython: string = join(packageRoot, ".venv", "bin", "python");
+const workerPythonDir: string = join(packageRoot, "python");
+const defaultVenvPython: string = join(packageRoot, ".venv", "bin", "python");
 
 function isExecutableFile(path: string): boolean {
   try {

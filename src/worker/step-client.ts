@@ -28,11 +28,11 @@ import {
 export const MAX_IN_FLIGHT = 3;
 
 /** Without --step-timeout: never less than this... */
-export const STEP_TIMEOUT_FLOOR_MS = 60_000;
+const STEP_TIMEOUT_FLOOR_MS = 60_000;
 /** ...and this many times the slowest step seen after the first ones. */
 const STEP_TIMEOUT_FACTOR = 20;
 /** The first steps may compile kernels or capture graphs: they get this long. */
-export const FIRST_STEPS_TIMEOUT_MS = 600_000;
+const FIRST_STEPS_TIMEOUT_MS = 600_000;
 const FIRST_STEPS = 8;
 /** An idle worker is pinged this often (or every step timeout, if shorter), so a hang is noticed without traffic too. */
 const IDLE_PING_MS = 5_000;

@@ -18,10 +18,10 @@ import { WorkerDiedError, WorkerStartError, type WorkerClient, type WorkerExit, 
 import { describeExit, registerLiveWorker, shutdownAllWorkers as shutdownAll, WorkerProcess, type ProcessExit } from "./worker-process.js";
 
 export { MAX_IN_FLIGHT } from "./step-client.js";
-export { killAllWorkersSync, liveWorkerPids, workerArgs } from "./worker-process.js";
+export { killAllWorkersSync, liveWorkerPids } from "./worker-process.js";
 
-export const DEFAULT_START_TIMEOUT_MS = 600_000;
-export const DEFAULT_SHUTDOWN_GRACE_MS = 5_000;
+const DEFAULT_START_TIMEOUT_MS = 600_000;
+const DEFAULT_SHUTDOWN_GRACE_MS = 5_000;
 
 /** Shuts down every worker this thread started; for a start cut short, and tests. */
 export function shutdownAllWorkers(graceMs: number = DEFAULT_SHUTDOWN_GRACE_MS): Promise<void> {
@@ -281,7 +281,6 @@ export interface RestartPolicy {
   healthyAfterMs?: number;
 }
 
-export const DEFAULT_MAX_WORKER_RESTARTS = 5;
 const BACKOFF_BASE_MS = 1_000;
 const BACKOFF_CAP_MS = 30_000;
 const HEALTHY_AFTER_MS = 60_000;

@@ -26,6 +26,8 @@ export type Dtype = "auto" | "float32" | "bfloat16" | "float16";
 export type Device = "auto" | "cpu" | "cuda";
 /** auto: the weight files; dummy: random decoder weights of the config's shapes (no files); dummy-null: no model at all. */
 export type LoadFormat = "auto" | "dummy" | "dummy-null";
+/** vLLM's --runner: generate (an LLM), pooling (an embedding model) or auto (the worker decides from the directory). */
+export type Runner = "auto" | "generate" | "pooling";
 export type DistributedExecutorBackend = "mp" | "ray";
 
 export interface WorkerOptions {
@@ -44,6 +46,8 @@ export interface WorkerOptions {
   attentionBackend?: string;
   /** No CUDA graphs: every step runs eagerly (vLLM's --enforce-eager). */
   enforceEager?: boolean;
+  /** --runner (default auto). */
+  runner?: Runner;
   /** Most rows a decode step can have: the largest CUDA graph the worker captures. */
   maxNumSeqs?: number;
   /** Interpreter; default BATON_PYTHON, else <repo>/.venv/bin/python. */

@@ -19,7 +19,7 @@ import {
 import type { TensorValue, TokensValue, Value, Values } from "../../src/conductor/values.js";
 import type { RequestId } from "../../src/engine/types.js";
 
-export interface PassResult {
+interface PassResult {
   outputs?: Record<string, Values>;
   stops?: string[];
 }

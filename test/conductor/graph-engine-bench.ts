@@ -8,6 +8,7 @@
 //   npx tsc -p tsconfig.json && node dist/test/conductor/graph-engine-bench.js [requests] [tokensPerRequest] [rounds]
 
 import { EngineCore, type EngineConfig } from "../../src/engine/engine-core.js";
+import { OutputProcessor } from "../../src/engine-host/output-processor.js";
 import type { EngineRequest, RequestOutput } from "../../src/engine/types.js";
 import type { StepExecutor } from "../../src/worker/types.js";
 import { GraphEngine } from "../../src/conductor/graph-engine.js";
@@ -40,6 +41,7 @@ class EchoWorker implements WorkerClient {
     device: "cpu",
     worker_pid: 0,
     graph: {},
+    pooling: null,
   };
   private readonly last = new Map<number, number>();
   steps = 0;
@@ -79,6 +81,7 @@ class EchoWorker implements WorkerClient {
       kv_load_failed: new Int32Array(0),
       kv_load_errors: [],
       kv_bytes: 0,
+      pooled: null,
     });
   }
   onDeath(): void {}
@@ -135,20 +138,22 @@ async function run(submit: Submit, worker: EchoWorker): Promise<{ msPerStep: num
 
 async function main(): Promise<void> {
   const coreWorker = new EchoWorker();
-  const core = new EngineCore(coreWorker, config(coreWorker.ready));
+  const outputs = new OutputProcessor(false);
+  const core = new EngineCore(coreWorker, config(coreWorker.ready), { onOutputs: (batch) => outputs.process(batch) });
   const graphWorker = new EchoWorker();
   const graph = new GraphEngine({
     graph: compileGraph(llmLayout(tokensPerRequest + 8)),
     workers: [graphWorker],
     rankOf: () => 0,
+    onOutputs: (batch) => outputs.process(batch),
     engine: { maxNumSeqs: requests, maxNumBatchedTokens: Math.max(8192, requests * 16), asyncScheduling: false },
   });
   console.log(`B=${requests}, ${tokensPerRequest} tokens per request, ms per step (control plane only)`);
   const results: { core: number[]; graph: number[] } = { core: [], graph: [] };
   for (let r = 0; r < rounds; r++) {
-    if (only !== "graph") results.core.push((await run((req, cb) => core.submit(req, cb), coreWorker)).msPerStep);
+    if (only !== "graph") results.core.push((await run((req, cb) => (core.submit(req), outputs.addText(req.id, cb)), coreWorker)).msPerStep);
     if (only !== "core") {
-      results.graph.push((await run((req, cb) => graph.submit(req, cb), graphWorker)).msPerStep);
+      results.graph.push((await run((req, cb) => (graph.submit(req), outputs.addText(req.id, cb)), graphWorker)).msPerStep);
     }
   }
   const best = (xs: number[]): number => Math.min(...xs);

@@ -29,6 +29,23 @@ describe("parseServeArgs", () => {
     assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"image": -1}'], {}), /non-negative integer/);
   });
 
+  test("the Responses store's size and TTL", () => {
+    const { options } = parseServeArgs(["--responses-store-max-bytes", "64M", "--responses-store-ttl", "90.5"], {});
+    assert.deepEqual(options.responsesStore, { maxBytes: 64 * 1024 * 1024, ttlMs: 90_500 });
+    assert.equal(parseServeArgs(["--responses-store-max-bytes", "0"], {}).options.responsesStore.maxBytes, 0);
+    assert.throws(() => parseServeArgs(["--responses-store-ttl", "0"], {}), /--responses-store-ttl: must be at least 1/);
+    assert.throws(() => parseServeArgs(["--responses-store-max-bytes", "lots"], {}), /--responses-store-max-bytes: expected an integer/);
+  });
+
+  test("--runner reaches the worker's command line (auto is the worker's default)", () => {
+    const { options } = parseServeArgs(["/m", "--runner", "pooling"], {});
+    assert.equal(options.runner, "pooling");
+    const args = workerArgs({ modelDir: "/m", blockSize: 16, dtype: "auto", device: "auto", seed: 0, runner: options.runner }, "a", "b");
+    assert.deepEqual(args.slice(args.indexOf("--runner"), args.indexOf("--runner") + 2), ["--runner", "pooling"]);
+    assert.ok(!workerArgs({ modelDir: "/m", blockSize: 16, dtype: "auto", device: "auto", seed: 0, runner: "auto" }, "a", "b").includes("--runner"));
+    assert.throws(() => parseServeArgs(["--runner", "embed"], {}), /--runner/);
+  });
+
   test("GPU flags reach the worker's command line; the worker checks the backend's name", () => {
     const { options } = parseServeArgs(["--attention-backend", "flex", "--enforce-eager", "--max-num-seqs", "64"], {});
     assert.equal(options.attentionBackend, "flex");
@@ -48,6 +65,7 @@ describe("parseServeArgs", () => {
     assert.deepEqual(options, {
       modelDir: null,
       media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024 },
+      responsesStore: { maxBytes: 256 * 1024 * 1024, ttlMs: 86_400_000 },
       host: "127.0.0.1",
       port: 8000,
       servedModelName: null,
@@ -63,6 +81,7 @@ describe("parseServeArgs", () => {
       loadFormat: "auto",
       attentionBackend: "auto",
       enforceEager: false,
+      runner: "auto",
       enablePrefixCaching: true,
       apiKey: null,
       logLevel: "info",

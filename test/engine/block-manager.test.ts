@@ -5,7 +5,7 @@ import { BlockManager } from "../../src/engine/block-manager.js";
 import { Request } from "../../src/engine/request.js";
 import { makeRequest, range } from "./fake-executor.js";
 
-const req = (prompt: number[]): Request => new Request(makeRequest(prompt), () => {});
+const req = (prompt: number[]): Request => new Request(makeRequest(prompt));
 
 describe("BlockManager", () => {
   it("allocates whole blocks, all or nothing, and frees them", () => {

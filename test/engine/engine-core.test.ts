@@ -3,7 +3,7 @@ import { describe, it } from "node:test";
 import { RequestRejectedError } from "../../src/engine/engine-core.js";
 import type { RequestOutput } from "../../src/engine/types.js";
 import { FakeExecutor, makeRequest, range } from "./fake-executor.js";
-import { collect, makeEngine } from "./helpers.js";
+import { collect, makeEngine, newEngineCore, submit } from "./helpers.js";
 
 for (const asyncScheduling of [true, false]) {
   const mode = asyncScheduling ? "async scheduling" : "sync scheduling";
@@ -84,41 +84,42 @@ for (const asyncScheduling of [true, false]) {
       engine.checkIntegrity();
     });
 
-    it("offers plain tokens to the token callback; the finish (and a declined token) come as outputs", async () => {
-      const { engine } = makeEngine({ asyncScheduling, numBlocks: 16, blockSize: 4 });
-      const taken: number[] = [];
-      const outputs: RequestOutput[] = [];
-      await new Promise<void>((resolve) => {
-        engine.submit(
-          makeRequest([1, 2], { maxTokens: 5 }),
-          (out) => {
-            outputs.push(out);
-            if (out.finished) resolve();
-          },
-          // Declines token 5, takes the rest.
-          (token) => token !== 5 && taken.push(token) > 0,
-        );
+    it("hands each step's outputs to its owner as one batch: tokens packed, endings as objects", async () => {
+      const batches: { ids: number[]; numPlain: number; numRich: number }[] = [];
+      const executor = new FakeExecutor({ numBlocks: 16, blockSize: 4 });
+      const engine = newEngineCore(executor, { asyncScheduling, maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 64, blockSize: 4, numBlocks: 16 }, {
+        onBatch: (batch) => {
+          const ids: number[] = [];
+          batch.forEach((o) => ids.push(o.requestId));
+          batches.push({ ids, numPlain: batch.numPlain, numRich: batch.rich.length });
+        },
       });
-      assert.deepEqual(taken, [3, 4, 6]);
-      assert.deepEqual(
-        outputs.map((o) => [o.newTokenIds, o.finishReason]),
-        [
-          [[5], null],
-          [[7], "length"],
-        ],
-      );
-      // A throwing callback does not stop the engine: the request still finishes.
-      const { final } = await new Promise<{ final: RequestOutput }>((resolve) => {
-        engine.submit(
-          makeRequest([1], { maxTokens: 3 }),
-          (out) => out.finished && resolve({ final: out }),
-          () => {
-            throw new Error("client bug");
-          },
-        );
+      const runs = await Promise.all([1, 2, 3].map((t) => collect(engine, makeRequest([t], { maxTokens: 4 }))));
+      for (const run of runs) assert.deepEqual(run.outputs.map((o) => o.finished), [false, false, false, true]);
+      // No request twice in a batch, and no more batches than steps.
+      for (const b of batches) assert.equal(new Set(b.ids).size, b.ids.length);
+      assert.ok(batches.length <= engine.stats.numSteps);
+      // Every token of a request that goes on is packed; the three endings are objects.
+      assert.equal(batches.reduce((n, b) => n + b.numPlain, 0), 9);
+      assert.equal(batches.reduce((n, b) => n + b.numRich, 0), 3);
+      assert.ok(batches.some((b) => b.numPlain === 3), "a decode step of three rows is one batch of three packed tokens");
+    });
+
+    it("an owner's sink that throws does not stop the engine (counted in numSinkErrors)", async () => {
+      let thrown = false;
+      const executor = new FakeExecutor({ numBlocks: 16, blockSize: 4 });
+      const engine = newEngineCore(executor, { asyncScheduling, maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 64, blockSize: 4, numBlocks: 16 }, {
+        onBatch: () => {
+          if (thrown) return;
+          thrown = true;
+          throw new Error("owner bug");
+        },
       });
+      const { tokens, final } = await collect(engine, makeRequest([1], { maxTokens: 3 }));
+      // The first step's batch was lost with the throw; the request still finishes.
+      assert.deepEqual(tokens, [3, 4]);
       assert.equal(final.finishReason, "length");
-      assert.equal(engine.stats.numCallbackErrors, 2);
+      assert.equal(engine.stats.numSinkErrors, 1);
       engine.checkIntegrity();
     });
 
@@ -136,8 +137,7 @@ for (const asyncScheduling of [true, false]) {
           top_logprobs: Float32Array.from({ length: 2 * n }, () => -1),
         };
       };
-      const { EngineCore } = await import("../../src/engine/engine-core.js");
-      const engine = new EngineCore(executor, { asyncScheduling, maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 64, blockSize: 4, numBlocks: 8 });
+      const engine = newEngineCore(executor, { asyncScheduling, maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 64, blockSize: 4, numBlocks: 8 });
       const req = makeRequest([1, 2], { maxTokens: 2 });
       req.sampling = { ...req.sampling, logprobs: 2 };
       const { outputs } = await collect(engine, req);
@@ -270,15 +270,15 @@ for (const asyncScheduling of [true, false]) {
     it("rejects requests that can never run, synchronously", () => {
       const { engine } = makeEngine({ asyncScheduling, numBlocks: 4, blockSize: 4, maxModelLen: 12 });
       const cb = (): void => assert.fail("no callback for a rejected request");
-      assert.throws(() => engine.submit(makeRequest(range(13)), cb), RequestRejectedError);
-      assert.throws(() => engine.submit(makeRequest([]), cb), /empty/);
-      assert.throws(() => engine.submit(makeRequest([5000]), cb), /vocabulary/);
-      assert.throws(() => engine.submit(makeRequest([1], { maxTokens: 0 }), cb), /maxTokens/);
+      assert.throws(() => submit(engine, makeRequest(range(13)), cb), RequestRejectedError);
+      assert.throws(() => submit(engine, makeRequest([]), cb), /empty/);
+      assert.throws(() => submit(engine, makeRequest([5000]), cb), /vocabulary/);
+      assert.throws(() => submit(engine, makeRequest([1], { maxTokens: 0 }), cb), /maxTokens/);
       const small = makeEngine({ asyncScheduling, numBlocks: 2, blockSize: 4, maxModelLen: 100 }).engine;
-      assert.throws(() => small.submit(makeRequest(range(9)), cb), /KV cache/);
+      assert.throws(() => submit(small, makeRequest(range(9)), cb), /KV cache/);
       const req = makeRequest([1]);
-      small.submit(req, () => {});
-      assert.throws(() => small.submit({ ...req }, cb), /already running/);
+      submit(small, req, () => {});
+      assert.throws(() => submit(small, { ...req }, cb), /already running/);
     });
 
     it("close() aborts live requests and refuses new ones", async () => {
@@ -289,18 +289,17 @@ for (const asyncScheduling of [true, false]) {
       const { final } = await run;
       assert.equal(final.finishReason, "abort");
       assert.match(final.error ?? "", /shutting down/);
-      assert.throws(() => engine.submit(makeRequest([1]), () => {}), RequestRejectedError);
+      assert.throws(() => submit(engine, makeRequest([1]), () => {}), RequestRejectedError);
       engine.checkIntegrity();
     });
 
     it("a throwing callback does not stop the engine", async () => {
       const { engine } = makeEngine({ asyncScheduling, numBlocks: 16, blockSize: 4 });
-      engine.submit(makeRequest([1], { maxTokens: 3 }), () => {
+      submit(engine, makeRequest([1], { maxTokens: 3 }), () => {
         throw new Error("client bug");
       });
       const ok = await collect(engine, makeRequest([2], { maxTokens: 3 }));
       assert.deepEqual(ok.tokens, [3, 4, 5]);
-      assert.ok(engine.stats.numCallbackErrors >= 1);
     });
 
     it("records per-phase timings of each step", async () => {

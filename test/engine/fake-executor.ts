@@ -10,8 +10,12 @@
 // Prompt logprobs are fake too, and depend only on the prompt: position p
 // scores token t = tokens[p + 1] with logprob -(t % 97) / 8 and rank t % 5 + 1,
 // and alternative j is (tokens[p] + 1 + j) % vocab with logprob -j.
+// With `pooling` it is a pooling model: a row that ends its prompt answers with
+// the vector fakePooled(prompt), and every position the pooling reads must
+// have been computed by this worker (a prefix hit is an error unless it pools
+// the last token; an encoder's row must be its whole prompt).
 
-import type { ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
+import type { PoolingInfo, ReadyMessage, SamplingParams, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import type { EngineRequest } from "../../src/engine/types.js";
 import type { StepExecutor } from "../../src/worker/types.js";
 import { samplingOf } from "../../src/frontend/sampling.js";
@@ -25,6 +29,13 @@ export interface FakeOptions {
   delayMs?: number;
   /** Reject this step id (simulates a worker dying). */
   failAtStep?: number;
+  /** A pooling model (Ready.pooling); its dimensions must be 4 (fakePooled). */
+  pooling?: PoolingInfo;
+}
+
+/** The fake pooling model's vector of a prompt: its length, first and last token, and the sum of its tokens. */
+export function fakePooled(prompt: readonly number[]): number[] {
+  return [prompt.length, prompt[0]!, prompt[prompt.length - 1]!, prompt.reduce((a, b) => a + b, 0)];
 }
 
 interface FakeRequest {
@@ -32,6 +43,8 @@ interface FakeRequest {
   blockTable: number[];
   numPromptTokens: number;
   promptLogprobs: number;
+  /** Positions this worker computed from 0 on (pooling checks that nothing it reads was skipped). */
+  computedFromStart: boolean;
 }
 
 /** The fake worker's prompt logprob at position p (see the file comment). */
@@ -70,6 +83,7 @@ export class FakeExecutor implements StepExecutor {
       device: "cpu",
       worker_pid: 0,
       graph: {},
+      pooling: options.pooling ?? null,
     };
     this.kv = new Int32Array(options.numBlocks * options.blockSize).fill(-1);
     this.failAtStep = options.failAtStep ?? null;
@@ -126,6 +140,7 @@ export class FakeExecutor implements StepExecutor {
         blockTable: [],
         numPromptTokens: added.num_prompt_tokens,
         promptLogprobs: added.prompt_logprobs,
+        computedFromStart: false,
       });
     }
     const n = step.req_ids.length;
@@ -164,6 +179,8 @@ export class FakeExecutor implements StepExecutor {
     const written = new Set<number>();
     const reqIds: number[] = [];
     const tokenIds: number[] = [];
+    const pooling = this.options.pooling;
+    const pooled: number[] = [];
     const prompt = { any: false, counts: [] as number[], logprobs: [] as number[], ranks: [] as number[], topIds: [] as number[], topLogprobs: [] as number[] };
     for (let i = 0; i < n; i++) {
       const state = rows[i]!;
@@ -194,6 +211,15 @@ export class FakeExecutor implements StepExecutor {
         written.add(slot);
         this.kv[slot] = state.tokens[p]!;
       }
+      if (start === 0) state.computedFromStart = true;
+      if (pooling !== undefined) {
+        if (!pooling.causal && (start !== 0 || end !== state.tokens.length)) throw new Error(`request ${step.req_ids[i]}: an encoder's row must be its whole prompt`);
+        if (step.sample[i] !== 1) continue;
+        if (pooling.pooling_type !== "last" && !state.computedFromStart) throw new Error(`request ${step.req_ids[i]}: ${pooling.pooling_type} pooling over skipped positions`);
+        reqIds.push(step.req_ids[i]!);
+        pooled.push(...fakePooled(state.tokens));
+        continue;
+      }
       if (step.sample[i] === 1) {
         const token = (state.tokens[end - 1]! + 1) % vocab;
         state.tokens.push(token);
@@ -222,6 +248,7 @@ export class FakeExecutor implements StepExecutor {
       kv_load_failed: new Int32Array(0),
       kv_load_errors: [],
       kv_bytes: 0,
+      pooled: pooled.length > 0 ? Float32Array.from(pooled) : null,
     };
   }
 }

@@ -14,6 +14,8 @@ import type { StepExecutor } from "../../src/worker/types.js";
 import { DisaggregatedCore, type KvSendLane } from "../../src/kv-connector/disaggregated-core.js";
 import type { KvTransfer, StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import { FakeExecutor, makeRequest, range } from "./fake-executor.js";
+import { OutputProcessor } from "../../src/engine-host/output-processor.js";
+import { routeOutputs, submit } from "./helpers.js";
 
 const BLOCK = 4;
 
@@ -88,7 +90,9 @@ function setup(failing: ReadonlySet<number> = new Set()) {
   const decodeFake = new FakeExecutor({ numBlocks: 64, blockSize: BLOCK, delayMs: 1 });
   const prefill = new PrefillLane(prefillFake);
   const decode = new DecodeLane(decodeFake, prefill, failing);
-  const pd = new DisaggregatedCore({ prefill: { lane: prefill, config: config(64) }, decode: { lane: decode, config: config(64) } });
+  const outputs = new OutputProcessor(false);
+  const pd = new DisaggregatedCore({ prefill: { lane: prefill, config: config(64) }, decode: { lane: decode, config: config(64) }, onOutputs: (batch) => outputs.process(batch) });
+  routeOutputs(pd, outputs);
   return { pd, decode };
 }
 
@@ -96,7 +100,7 @@ function run(pd: DisaggregatedCore, req: EngineRequest, abortAfter = Infinity): 
   return new Promise((resolve) => {
     const tokens: number[] = [];
     const outputs: RequestOutput[] = [];
-    pd.submit(req, (out) => {
+    submit(pd, req, (out) => {
       outputs.push(out);
       tokens.push(...out.newTokenIds);
       if (!out.finished && tokens.length >= abortAfter) queueMicrotask(() => pd.abort(req.id));

@@ -8,11 +8,11 @@
 
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
-import { EngineCore, RequestRejectedError, type EngineConfig } from "../../src/engine/engine-core.js";
+import { RequestRejectedError, type EngineConfig, type EngineCore } from "../../src/engine/engine-core.js";
 import { ExecutorLostError, type StepExecutor } from "../../src/worker/types.js";
 import type { StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import { FakeExecutor, makeRequest, range } from "./fake-executor.js";
-import { collect } from "./helpers.js";
+import { collect, newEngineCore, submit } from "./helpers.js";
 
 const BLOCKS = 64;
 const BLOCK_SIZE = 4;
@@ -89,7 +89,7 @@ function supervised(
     executors.push(executor);
     return executor;
   };
-  engine = new EngineCore(spawn(options.dieAtStep ?? null), {
+  engine = newEngineCore(spawn(options.dieAtStep ?? null), {
     maxNumSeqs: 256,
     maxNumBatchedTokens: 64,
     maxModelLen: 4096,
@@ -188,7 +188,7 @@ for (const asyncScheduling of [true, false]) {
       const r = await collect(engine, makeRequest(range(4), { maxTokens: 50 }));
       assert.equal(r.final.finishReason, "abort");
       assert.match(r.final.error ?? "", /died too often/);
-      assert.throws(() => engine.submit(makeRequest(range(4)), () => {}), RequestRejectedError);
+      assert.throws(() => submit(engine, makeRequest(range(4)), () => {}), RequestRejectedError);
       engine.checkIntegrity();
     });
   });

@@ -8,10 +8,11 @@ import assert from "node:assert/strict";
 import { setImmediate as tick } from "node:timers/promises";
 import { describe, it } from "node:test";
 import fc from "fast-check";
-import { EngineCore, RequestRejectedError } from "../../src/engine/engine-core.js";
+import { RequestRejectedError, type EngineCore } from "../../src/engine/engine-core.js";
 import type { StepMessage, StepResultMessage } from "../../src/transport/messages.js";
 import type { RequestOutput } from "../../src/engine/types.js";
 import { FakeExecutor, makeRequest, range } from "./fake-executor.js";
+import { newEngineCore, submit } from "./helpers.js";
 
 const VOCAB = 20;
 
@@ -99,7 +100,7 @@ type Config = typeof configArb extends fc.Arbitrary<infer T> ? T : never;
 async function runScenario(config: Config, ops: Op[]): Promise<void> {
     const executor = new GatedExecutor({ numBlocks: config.numBlocks, blockSize: config.blockSize, vocabSize: VOCAB });
     executor.keepSteps = false;
-    const engine = new EngineCore(executor, config);
+    const engine = newEngineCore(executor, config);
     const maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
     const submitted: { id: number; prompt: number[]; maxTokens: number; eos: number | null; outputs: RequestOutput[] }[] = [];
 
@@ -112,7 +113,7 @@ async function runScenario(config: Config, ops: Op[]): Promise<void> {
           const req = makeRequest(prompt, { maxTokens: op.maxTokens, eosTokenIds: eos === null ? [] : [eos] }, { priority: op.priority });
           const entry = { id: req.id, prompt, maxTokens: op.maxTokens, eos, outputs: [] as RequestOutput[] };
           try {
-            engine.submit(req, (o) => entry.outputs.push(o));
+            submit(engine, req, (o) => entry.outputs.push(o));
             submitted.push(entry);
           } catch (error) {
             assert.ok(error instanceof RequestRejectedError);

@@ -14,7 +14,7 @@ function setup(config: Partial<SchedulerConfig> = {}, prefix = false) {
 }
 
 function add(scheduler: Scheduler, prompt: number[], priority = 0): Request {
-  const request = new Request(makeRequest(prompt, {}, { priority }), () => {});
+  const request = new Request(makeRequest(prompt, {}, { priority }));
   scheduler.addRequest(request);
   return request;
 }

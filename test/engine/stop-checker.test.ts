@@ -6,7 +6,7 @@ import type { StopConditions } from "../../src/engine/types.js";
 import { makeRequest } from "./fake-executor.js";
 
 function after(tokens: number[], stop: Partial<StopConditions>, prompt = [1, 2]): Request {
-  const request = new Request(makeRequest(prompt, stop), () => {});
+  const request = new Request(makeRequest(prompt, stop));
   for (const t of tokens) request.appendOutputToken(t);
   return request;
 }

@@ -80,7 +80,7 @@ export function leftContext(chunk: number, left: number): ChunkPolicySpec {
   return { kind: "left_context", size: chunk, stride: 0, left, continue_after_done: false };
 }
 
-export interface PartitionSpec {
+interface PartitionSpec {
   name: string;
   walks: string[];
   start: WalkStep | null;

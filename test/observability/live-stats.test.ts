@@ -23,7 +23,7 @@ test("RecentSamples keeps the newest samples and answers by time window, sorted"
 test("BatonMetrics' request traces feed the live totals and latency samples", () => {
   const stats: EngineStats = {
     numRunning: 0, numWaiting: 0, numFreeBlocks: 8, numCachedBlocks: 0, numUsedBlocks: 0, numBlocks: 8,
-    numPreemptions: 0, numSteps: 0, numPrefixQueryTokens: 0, numPrefixHitTokens: 0, numCallbackErrors: 0,
+    numPreemptions: 0, numSteps: 0, numPrefixQueryTokens: 0, numPrefixHitTokens: 0, numSinkErrors: 0,
   };
   const metrics = new BatonMetrics({ modelName: "m", engine: { stats, timings: { recent: () => [] } } });
   const trace = metrics.begin(7, 1000, 16);

@@ -21,7 +21,7 @@ function stats(over: Partial<EngineStats> = {}): EngineStats {
     numSteps: 0,
     numPrefixQueryTokens: 0,
     numPrefixHitTokens: 0,
-    numCallbackErrors: 0,
+    numSinkErrors: 0,
     ...over,
   };
 }

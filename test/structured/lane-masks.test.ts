@@ -24,6 +24,7 @@ import type { StepMaskMessage, StepMessage } from "../../src/transport/messages.
 import type { WorkerClient } from "../../src/worker/types.js";
 import { demoModelDir } from "../e2e/harness.js";
 import { greedy, waitUntil } from "../worker/helpers.js";
+import { OutputProcessor } from "../../src/engine-host/output-processor.js";
 
 const PATTERN = "[a-z]{3}-[0-9]{2}";
 const GRAMMAR: RequestGrammar = { spec: { kind: "regex", source: PATTERN }, reasoning: null };
@@ -55,6 +56,7 @@ for (const asyncScheduling of [true, false]) {
     let grammars: GrammarService;
     let worker: WorkerClient;
     let engine: GraphEngine;
+    const processor = new OutputProcessor(false);
     const events: WireEvent[] = [];
 
     before(async () => {
@@ -62,6 +64,7 @@ for (const asyncScheduling of [true, false]) {
       assert.equal(await grammars.compile(GRAMMAR.spec), null);
       worker = await startWorker({ modelDir: demoModelDir, blockSize: 16, numBlocks: 128, dtype: "float32", device: "cpu", seed: 0, forwardOutput: false });
       engine = new GraphEngine({
+        onOutputs: (batch) => processor.process(batch),
         graph: compileModelGraph(worker.ready.graph),
         workers: [worker],
         rankOf: () => 0,
@@ -98,7 +101,8 @@ for (const asyncScheduling of [true, false]) {
                 arrivalMs: performance.now(),
                 grammar: GRAMMAR,
               };
-              engine.submit(request, (out) => {
+              engine.submit(request);
+              processor.addText(request.id, (out) => {
                 ids.push(...out.newTokenIds);
                 // Graph work for the lane while the request runs: it rides in the next step, or goes in one of the lane's own.
                 lane.requestEnded(1_000 * (i + 1) + ids.length);

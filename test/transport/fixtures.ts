@@ -55,7 +55,7 @@ export function probeCodec(): Codec {
   return createCodec(schemaFromTables(generator.parseSchemaDocument(doc).tables));
 }
 
-export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParams {
+function sampling(overrides: Partial<SamplingParams> = {}): SamplingParams {
   return {
     temperature: 0.7,
     top_p: 0.9,
@@ -75,7 +75,7 @@ export function sampling(overrides: Partial<SamplingParams> = {}): SamplingParam
   };
 }
 
-export function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
+function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
   return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1, embeds: -1 };
 }
 
@@ -120,6 +120,7 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     kv_load_failed: new Int32Array(0),
     kv_load_errors: [],
     kv_bytes: 0,
+    pooled: null,
     ...overrides,
   };
 }
@@ -141,8 +142,24 @@ export const everyKind: WireMessage[] = [
     device: "cpu",
     worker_pid: 4242,
     graph: { version: 1, nodes: [{ name: "llm", engine: "kv_cache", overlap: true }], walks: [] },
+    pooling: null,
+  },
+  {
+    kind: "Ready",
+    protocol_version: 1,
+    num_blocks: 64,
+    block_size: 16,
+    max_model_len: 512,
+    vocab_size: 30522,
+    architecture: "BertModel",
+    dtype: "float32",
+    device: "cpu",
+    worker_pid: 4243,
+    graph: { version: 1, nodes: [{ name: "llm", engine: "kv_cache", overlap: true }], walks: [] },
+    pooling: { pooling_type: "mean", normalize: true, dimensions: 4, causal: false, is_matryoshka: true, matryoshka_dimensions: [2] },
   },
   result(),
+  result({ token_ids: new Int32Array(0), logprobs: null, top_counts: null, top_ids: null, top_logprobs: null, prompt_counts: null, prompt_logprobs: null, prompt_ranks: null, prompt_top_ids: null, prompt_top_logprobs: null, pooled: Float32Array.from([0.5, -0.5, 0.25, 1, 0, 0.125, -2, 3]) }),
   result({ logprobs: null, top_counts: null, top_ids: null, top_logprobs: null }),
   { kind: "Pong", nonce: 77 },
   { kind: "Fatal", message: "cannot load: ünïcödé ✓" },

@@ -164,6 +164,7 @@ describe("gen-protocol output", () => {
       device: "cpu",
       worker_pid: 1,
       graph: {},
+      pooling: null,
     };
     assert.notDeepEqual(swapped.encode(ready), createCodec(loadSchema()).encode(ready));
     assert.deepStrictEqual(swapped.decode(swapped.encode(ready)), ready);

@@ -114,6 +114,9 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     device: str,
     worker_pid: int,
     graph: fc.constant({ version: 1, nodes: [] }),
+    pooling: fc.option(
+      rec({ pooling_type: str, normalize: fc.boolean(), dimensions: int, causal: fc.boolean(), is_matryoshka: fc.boolean(), matryoshka_dimensions: fc.array(int, { maxLength: 4 }) }),
+    ),
   }),
   rec({
     kind: fc.constant("StepResult" as const),
@@ -136,6 +139,7 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     kv_load_failed: i32,
     kv_load_errors: strs,
     kv_bytes: int,
+    pooled: fc.option(f32),
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),

@@ -128,7 +128,7 @@ const arg = (name) => process.argv[process.argv.indexOf(name) + 1];
   }
   if (behaviour === "wrong-version" || behaviour === "garbage") {
     const ready = { kind: "Ready", protocol_version: 99, num_blocks: 1, block_size: 16, max_model_len: 64, vocab_size: 8,
-      architecture: "Fake", dtype: "float32", device: "cpu", worker_pid: process.pid, graph: {} };
+      architecture: "Fake", dtype: "float32", device: "cpu", worker_pid: process.pid, graph: {}, pooling: null };
     await push.send(behaviour === "garbage" ? Buffer.from([0x93, 0xa5, 0x72, 0x65, 0x61, 0x64, 0x79, 1, 2]) : encode(ready));
   }
   setInterval(() => {}, 1000); // never exits by itself
@@ -153,7 +153,7 @@ describe("handshake failures (stand-in worker)", { concurrency: true }, () => {
 
   test("a malformed Ready names the field", async () => {
     const dir = model();
-    await assert.rejects(startWorker(nullWorkerOptions(dir, { python: fakeWorker("garbage") })), /malformed message: Ready: expected 10 fields after the tag, got 2/);
+    await assert.rejects(startWorker(nullWorkerOptions(dir, { python: fakeWorker("garbage") })), /malformed message: Ready: expected 11 fields after the tag, got 2/);
     assert.deepStrictEqual(processesMatching(dir), []);
   });
 

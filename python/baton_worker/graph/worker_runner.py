@@ -44,7 +44,7 @@ import numpy as np
 from .. import protocol
 from ..kv_connector import KvConnectorWorker
 from ..protocol import GraphWork, KvWork, ProtocolError, Step, StepMask, StepResult, StepTimings
-from ..runtime.step_runner import StepRunner
+from ..runtime.step_runner import Finished, StepRunner
 from ..transfer.shm import ShmArena, ShmFull, ShmReader, ShmRef
 from .authoring import EngineType
 from .node_runner import (
@@ -72,19 +72,6 @@ def one_line(text: str) -> str:
 
 class PassInputError(Exception):
     """A pass's inputs cannot be resolved on this worker: fails that pass only."""
-
-
-class Finished:
-    """A step already run: its result, as a launched step's."""
-
-    def __init__(self, result: StepResult):
-        self.result = result
-
-    def done(self) -> bool:
-        return True
-
-    def finish(self) -> StepResult:
-        return self.result
 
 
 class GraphStepRunner:

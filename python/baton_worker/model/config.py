@@ -20,6 +20,14 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3ForCausalLM",
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# A decoder saved as its base model (an embedding model: sentence-transformers
+# saves Qwen3Model, with no lm_head) is the same decoder.
+BASE_MODEL_ARCHITECTURES = {
+    "LlamaModel": "LlamaForCausalLM",
+    "MistralModel": "MistralForCausalLM",
+    "Qwen2Model": "Qwen2ForCausalLM",
+    "Qwen3Model": "Qwen3ForCausalLM",
+}
 
 
 class ConfigError(Exception):
@@ -149,6 +157,7 @@ def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: st
             raw = {**raw, "architectures": [TEXT_MODEL_TYPES[raw["model_type"]]]}
     architectures = raw.get("architectures") or []
     architecture = architectures[0] if architectures else None
+    architecture = BASE_MODEL_ARCHITECTURES.get(architecture, architecture)
     if architecture not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(
             f"unsupported architecture {architecture!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}; "

@@ -177,7 +177,10 @@ class DecoderModel:
     the whole model). With a group, self.config is the rank's local view (its
     own head and intermediate counts) and full_config the model's."""
 
-    def __init__(self, config: ModelConfig, reader: WeightReader, fuse: bool = True, tp: TensorParallelGroup | None = None):
+    def __init__(
+        self, config: ModelConfig, reader: WeightReader, fuse: bool = True, tp: TensorParallelGroup | None = None, head: bool = True
+    ):
+        """head False: no vocabulary projection (a pooling model reads the hidden states only)."""
         self.tp = tp
         self.full_config = config
         self.partition = Partition.of(config, tp.rank, tp.size) if tp is not None else None
@@ -194,14 +197,15 @@ class DecoderModel:
         self.norm = reader.get("model.norm.weight")
         # Tied models usually omit lm_head.weight; share the embedding then.
         tied = config.tie_word_embeddings or not reader.has("lm_head.weight")
-        self.lm_head = LMHead(self.embed if tied else vocab_rows(reader.get("lm_head.weight")), screen=tp is None)
+        self.lm_head = LMHead(self.embed if tied else vocab_rows(reader.get("lm_head.weight")), screen=tp is None) if head else None
         self.rotary = Rotary(config.rope, config.head_dim, self.device)
         # Norms, rotation and SiLU * up: one Triton launch each on CUDA, plain torch elsewhere.
         self.ops = TritonOps(config.rms_norm_eps) if self.device.type == "cuda" else TorchOps(config.rms_norm_eps)
         self.scale = config.head_dim**-0.5
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm] + [t for t in self.lm_head.tensors() if t is not self.embed]
+        head = self.lm_head.tensors() if self.lm_head is not None else []
+        tensors = [self.embed, self.norm] + [t for t in head if t is not self.embed]
         for layer in self.layers:
             for value in vars(layer).values():
                 tensors += [t for t in (value if isinstance(value, list) else [value]) if t is not None]

@@ -21,6 +21,14 @@ no kv_cache node has no KV cache: num_blocks 0 and vocab_size 0, block_size
 and max_model_len echo --block-size and --max-model-len (0 when not given),
 and dtype is --dtype as resolved without a checkpoint (auto: float32). A plain
 LLM directory is the one-node graph LLMGraphModel (node llm).
+
+Pooling models (--runner pooling, or auto on a sentence-transformers
+directory or an encoder architecture; model/pooling.py): a decoder loads as
+above without its vocabulary projection and pools instead of sampling; a
+bidirectional encoder (model/encoder.py) has no KV cache at all. Its
+num_blocks only feeds the engine's block bookkeeping: enough blocks for
+--max-num-seqs sequences of max_model_len tokens, so the scheduler never
+waits for one. Ready.pooling says how the model pools.
 """
 
 from __future__ import annotations
@@ -43,12 +51,15 @@ from ..graph.worker_runner import GraphStepRunner
 from ..kv_connector import KvConnectorWorker, TorchDistributedTransport
 from ..model.config import ConfigError, ModelConfig, load_model_config, read_json
 from ..model.decoder import DecoderModel
-from ..model.weights import RandomWeightReader, WeightReader, stderr_progress
+from ..model.encoder import EncoderModel, load_encoder_config
+from ..model.pooling import ENCODER_ARCHITECTURES, ChunkPooler, PoolingConfig, read_pooling_config, resolve_runner
+from ..model.weights import RandomWeightReader, WeightReader, stderr_progress, weight_files
 from ..models import graph_model_class
 from ..parallel.tensor_parallel import Partition, TensorParallelGroup, check_tensor_parallel
-from ..protocol import PROTOCOL_VERSION, Ready
+from ..protocol import PROTOCOL_VERSION, PoolingInfo, Ready
 from ..sampling.sampler import Sampler
 from ..transfer.shm import ShmArena
+from .encoder_runner import EncoderRunner
 from .options import WorkerOptions
 from .step_runner import StepRunner
 
@@ -145,7 +156,8 @@ class _Decoder:
     max_model_len: int
     dtype: torch.dtype
     device: torch.device
-    cache: KVCache | None  # None: dummy-null (no forward, no cache)
+    cache: KVCache | None  # None: dummy-null (no forward, no cache), or an encoder
+    pooling: PoolingConfig | None = None  # a pooling model's
 
 
 def _load_decoder(
@@ -156,9 +168,13 @@ def _load_decoder(
     fuse_weights: bool,
     tp: TensorParallelGroup | None = None,
     layout: KvDecoderLayout | None = None,
+    pooling: bool = False,
 ) -> _Decoder:
-    """layout: where a composite model keeps its decoder (None: the directory is the decoder's)."""
+    """layout: where a composite model keeps its decoder (None: the directory is the decoder's);
+    pooling: served as a pooling model (no vocabulary projection; its rows pool instead of sampling)."""
     dummy = opts.load_format == "dummy-null"
+    if pooling and dummy:
+        raise ConfigError("a pooling model needs weights (not --load-format dummy-null)")
     config = load_model_config(model_dir, lenient=dummy, text_config=layout.text_config if layout else None)
     dtype = resolve_dtype(opts.dtype, config, device)
     if tp is not None and dummy:
@@ -174,8 +190,12 @@ def _load_decoder(
         if opts.load_format == "dummy":
             reader = RandomWeightReader(config, dtype, device, opts.seed)
         else:
+            stored = weight_files(model_dir) if rename is None else {}
+            if "embed_tokens.weight" in stored and "model.embed_tokens.weight" not in stored:
+                # A base model's weights (Qwen3Model, as sentence-transformers saves it) have no "model." prefix.
+                rename = lambda name: name.removeprefix("model.")  # noqa: E731
             reader = WeightReader(model_dir, dtype, device, progress, rename)
-        model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp)
+        model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp, head=not pooling)
         reader.close()
     num_blocks = _num_blocks(opts, local, dtype, device)
     max_model_len = _max_model_len(opts, config, num_blocks)
@@ -184,6 +204,11 @@ def _load_decoder(
         attention = make_backend(attention_backend, cache, local.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
+    pooling_config = None
+    if pooling:
+        pooling_config = read_pooling_config(model_dir, config.hidden_size, encoder=False)
+        runner.pooler = ChunkPooler(pooling_config)
+        return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache, pooling_config)
     # Test-only: BATON_TEST_OVERLAP=1 overlaps steps on CPU too (a GPU worker does by default), so the path runs in CI.
     if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
         runner.overlap = True
@@ -191,6 +216,54 @@ def _load_decoder(
     if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager:
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), opts.max_num_seqs)
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
+
+
+@dataclass
+class _Encoder:
+    runner: EncoderRunner
+    num_blocks: int
+    max_model_len: int
+    vocab_size: int
+    dtype: torch.dtype
+    pooling: PoolingConfig
+
+
+def _load_encoder(opts: WorkerOptions, model_dir: Path, device: torch.device) -> _Encoder:
+    """A bidirectional encoder served as a pooling model: no KV cache (see the module docstring)."""
+    if opts.load_format != "auto":
+        raise ConfigError(f"an encoder loads its weights (--load-format {opts.load_format} is for decoders)")
+    config = load_encoder_config(model_dir)
+    dtype = resolve_dtype(opts.dtype, None if config.torch_dtype is None else _DtypeOnly(config.torch_dtype), device)
+    max_model_len = config.max_model_len
+    if opts.max_model_len is not None:
+        if opts.max_model_len > max_model_len:
+            raise ConfigError(f"--max-model-len {opts.max_model_len} exceeds the encoder's {max_model_len} positions")
+        max_model_len = opts.max_model_len
+    progress = stderr_progress() if opts.progress else None
+    reader = WeightReader(model_dir, dtype, device, progress)
+    model = EncoderModel(config, reader, device)
+    reader.close()
+    pooling = read_pooling_config(model_dir, config.hidden_size, encoder=True)
+    num_blocks = opts.num_blocks or opts.max_num_seqs * -(-max_model_len // opts.block_size)
+    return _Encoder(EncoderRunner(model, pooling, config.vocab_size, device), num_blocks, max_model_len, config.vocab_size, dtype, pooling)
+
+
+@dataclass
+class _DtypeOnly:
+    """What resolve_dtype reads of a config."""
+
+    torch_dtype: str
+
+
+def _pooling_info(pooling: PoolingConfig, causal: bool) -> PoolingInfo:
+    return PoolingInfo(
+        pooling_type=pooling.pooling_type,
+        normalize=pooling.normalize,
+        dimensions=pooling.dimensions,
+        causal=causal,
+        is_matryoshka=pooling.is_matryoshka,
+        matryoshka_dimensions=list(pooling.matryoshka_dimensions),
+    )
 
 
 def _kv_connector(opts: WorkerOptions, cache: KVCache | None) -> KvConnectorWorker | None:
@@ -266,6 +339,31 @@ def load_worker(
     graph_class = graph_model_class(architecture)
 
     model_kwargs = opts.model_kwargs or {}
+    runner_kind = resolve_runner(opts.runner, model_dir, architecture)
+    if runner_kind == "pooling" and (graph_class is not None or tp is not None):
+        raise ConfigError(f"--runner pooling serves embedding models on one worker; {architecture or 'this model'} " +
+                          ("is a graph model" if graph_class is not None else "with --tensor-parallel-size above 1 is not supported"))
+    pooling_info = None
+    if runner_kind == "pooling" and architecture in ENCODER_ARCHITECTURES:
+        hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a pooling model)")
+        encoder = _load_encoder(opts, model_dir, device)
+        model = LLMGraphModel(encoder.max_model_len)
+        ready = Ready(
+            protocol_version=PROTOCOL_VERSION,
+            num_blocks=encoder.num_blocks,
+            block_size=opts.block_size,
+            max_model_len=encoder.max_model_len,
+            vocab_size=encoder.vocab_size,
+            architecture=architecture,
+            dtype=dtype_name(encoder.dtype),
+            device=str(device),
+            worker_pid=os.getpid(),
+            graph=export_graph(model),
+            pooling=_pooling_info(encoder.pooling, causal=False),
+        )
+        nodes = NodeRunner(model, device, [], TensorStore())
+        graph_runner = GraphStepRunner(nodes, encoder.runner, LLM_NODE, opts.rank)
+        return LoadedWorker(encoder.runner, ready, None, graph_runner, [LLM_NODE])
     if graph_class is None:
         if model_kwargs:
             raise ValueError(
@@ -273,7 +371,9 @@ def load_worker(
                 f"{architecture or 'this directory'} is a plain LLM, which takes none"
             )
         hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)" if architecture else "a plain LLM")
-        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights, tp)
+        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights, tp, pooling=runner_kind == "pooling")
+        if decoder.pooling is not None:
+            pooling_info = _pooling_info(decoder.pooling, causal=True)
         model: GraphModel = LLMGraphModel(decoder.max_model_len)
         graph = export_graph(model)
         hosted = [LLM_NODE]
@@ -318,6 +418,7 @@ def load_worker(
         device=str(device),
         worker_pid=os.getpid(),
         graph=graph,
+        pooling=pooling_info,
     )
     return LoadedWorker(
         decoder.runner if decoder else None, ready, decoder.config if decoder else None, graph_runner, hosted

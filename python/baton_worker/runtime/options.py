@@ -6,7 +6,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy|dummy-null]
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
-    [--host-workers N]
+    [--host-workers N] [--runner auto|generate|pooling]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -42,6 +42,7 @@ DEVICES = ("auto", "cpu", "cuda")
 LOAD_FORMATS = ("auto", "dummy", "dummy-null")
 EXECUTOR_BACKENDS = ("mp", "ray")
 ATTENTION_BACKENDS = ("auto", "reference", "cpu", "triton", "flex")
+RUNNERS = ("auto", "generate", "pooling")
 
 
 class OptionsError(Exception):
@@ -79,6 +80,7 @@ class WorkerOptions:
     attention_backend: str = "auto"
     max_num_seqs: int = 256  # most rows of a decode step: the largest CUDA graph captured
     enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly
+    runner: str = "auto"  # generate | pooling | auto (model/pooling.py resolve_runner)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,6 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--runner", default="auto", help="generate, pooling (embedding models) or auto (vLLM's --runner)")
     return p
 
 
@@ -130,6 +133,7 @@ def parse_options(argv: list[str]) -> WorkerOptions:
     _choice("load-format", args.load_format, LOAD_FORMATS)
     _choice("distributed-executor-backend", args.distributed_executor_backend, EXECUTOR_BACKENDS)
     _choice("attention-backend", args.attention_backend, ATTENTION_BACKENDS)
+    _choice("runner", args.runner, RUNNERS)
     if args.block_size <= 0:
         raise OptionsError(f"--block-size must be positive, got {args.block_size}")
     for name in ("num_blocks", "kv_cache_memory_bytes", "max_model_len", "max_num_seqs"):

@@ -16,6 +16,11 @@ positions but the last (position p scores prompt token p + 1). The forward
 keeps the last layer's hidden rows, and the logits of those positions are
 computed from them in slices, so a long prompt never holds [tokens, vocab]
 logits at once.
+
+Pooling (a decoder served with --runner pooling, `pooler` set): no logits and
+no sampling; the rows that reach the end of their prompt answer with their
+pooled vectors (StepResult.pooled), from the last hidden states after the
+final norm, chunk by chunk (model/pooling.py ChunkPooler).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import torch
 
 from ..attention import AttentionBackend
 from ..model.decoder import DecoderModel
+from ..model.pooling import ChunkPooler, pooled_result
 from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..sampling.head_screen import SPLIT_ROWS, screens
 from ..sampling.sampler import PendingSample, SampleOutput, Sampler, TokenMask, is_greedy, penalizes
@@ -68,6 +74,19 @@ class LaunchedStep:
 
     def finish(self) -> StepResult:
         return self.runner.finish(self)
+
+
+class Finished:
+    """A step already run (a pooling step; a graph step without rows): its result, as a launched step's."""
+
+    def __init__(self, result: StepResult):
+        self.result = result
+
+    def done(self) -> bool:
+        return True
+
+    def finish(self) -> StepResult:
+        return self.result
 
 
 @dataclass
@@ -132,12 +151,14 @@ class StepRunner:
         self.embeds_token_id: int | None = None
         self.embeds_of: Callable[[int], torch.Tensor] | None = None
         self.embeds: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        # A pooling model's pooler (None: the model generates).
+        self.pooler: ChunkPooler | None = None
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
         pass it is called with the step id and returns the StepMask that the
         engine sends once it knows the tokens before those rows."""
-        return self.finish(self.launch(step, wait_mask))
+        return self.launch(step, wait_mask).finish()
 
     def overlaps(self, step: Step) -> bool:
         """Whether `step` may be launched while the previous step is not finished
@@ -145,13 +166,13 @@ class StepRunner:
         on the device; what needs them on the host must wait: grammar masks (the
         engine makes them from the tokens), penalties (counted from the tokens),
         prompt logprobs, and tensor parallelism (rank 0 broadcasts host tokens)."""
-        if not self.overlap or len(step.mask_rows) or self.prompt_slots:
+        if not self.overlap or len(step.mask_rows) or self.prompt_slots or self.pooler is not None:
             return False
         if self.penalized and any(r in self.penalized for r in step.req_ids.tolist()):
             return False
         return not any(penalizes(a.sampling) or a.prompt_logprobs >= 0 for a in step.added)
 
-    def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> LaunchedStep:
+    def launch(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> LaunchedStep | Finished:
         """Everything of the step up to its sampled tokens on the device, and their
         copy to the host queued; finish() waits for them. The sampled rows' next
         positions are reserved at once (PLACEHOLDER on the host, the token in
@@ -161,6 +182,8 @@ class StepRunner:
         self._add(step)
         slots, start, num_new, sample = self._rows(step)
         inputs = self.batch.inputs(slots, start, num_new, sample)
+        if self.pooler is not None:
+            return Finished(self._pool(step, inputs, slots, start, num_new, sample, t0))
         sample_slots = slots[sample]
         sampled = [self.by_slot[s] for s in sample_slots.tolist()]
         prompt = self._prompt_rows(slots, start, num_new) if self.prompt_slots else None
@@ -248,6 +271,27 @@ class StepRunner:
             prompt_top_logprobs=None if prompt_out is None else prompt_out.top_logprobs,
         )
 
+    # ------------------------------------------------------------ pooling
+
+    def _pool(self, step: Step, inputs: StepInputs, slots, start, num_new, sample, t0: float) -> StepResult:
+        """The forward pass of a pooling step; the rows that end their prompt answer with their vectors."""
+        if len(step.mask_rows):
+            raise ProtocolError("Step.mask_rows", "a pooling model samples no tokens")
+        t1 = time.perf_counter()
+        pooled = None
+        if len(inputs.input_ids_host):
+            model = self.model
+            hidden = model.hidden_states(inputs.input_ids, inputs.positions, self.attention.prepare(inputs.attention), None)
+            if self.pooler.config.pooling_type == "last":
+                # Only the rows that end a prompt matter: one hidden row each.
+                hidden = hidden.index_select(0, inputs.logits_indices)
+                slots, start, num_new, sample = slots[sample], start[sample], np.ones(int(sample.sum()), np.int64), sample[sample]
+            vectors = self.pooler.step(model.ops.rms_norm(hidden, model.norm), slots, start, num_new, sample)
+            if len(vectors):
+                pooled = vectors.reshape(-1)
+        t2 = time.perf_counter()
+        return pooled_result(step.step_id, step.req_ids[step.sample.astype(bool)], pooled, t0, t1, t2)
+
     # ------------------------------------------------------------ tokens on the device
 
     def _keep_on_device(self, slots: np.ndarray, tokens: torch.Tensor) -> None:
@@ -284,6 +328,8 @@ class StepRunner:
                 self.prompt_slots.discard(state.slot)
                 self.penalized.discard(req_id)
                 self.embeds.pop(state.slot, None)
+                if self.pooler is not None:
+                    self.pooler.drop(state.slot)
                 self.batch.remove(state.slot)
 
     def _add(self, step: Step) -> None:

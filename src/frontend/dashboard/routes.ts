@@ -20,7 +20,7 @@ import type { FastifyInstance, FastifyReply } from "fastify";
 import { packageRoot } from "../../transport/package-root.js";
 import type { DashboardSource } from "./snapshot.js";
 
-export const SNAPSHOT_INTERVAL_MS = 500;
+const SNAPSHOT_INTERVAL_MS = 500;
 
 const ASSET_DIR = join(packageRoot, "src", "frontend", "dashboard");
 

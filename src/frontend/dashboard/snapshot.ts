@@ -13,27 +13,27 @@ import type { LiveRequestStats } from "../../observability/live-stats.js";
 import type { EngineStatsSource } from "../../observability/metrics.js";
 import type { WorkerHealthEvent } from "../../worker/types.js";
 
-export const RATE_WINDOW_MS = 2_000;
-export const LATENCY_WINDOW_MS = 60_000;
+const RATE_WINDOW_MS = 2_000;
+const LATENCY_WINDOW_MS = 60_000;
 /** Step phases are summarized over this many of the newest steps. */
-export const STEP_WINDOW = 256;
+const STEP_WINDOW = 256;
 const MAX_HISTORY = 256;
 
 /** A graph node's queue (the graph runtime fills these; a plain LLM has none). */
-export interface NodeQueue {
+interface NodeQueue {
   node: string;
   queueDepth: number;
   stepSeconds: number;
 }
 
-export interface LatencySummary {
+interface LatencySummary {
   count: number;
   p50: number;
   p90: number;
   p99: number;
 }
 
-export interface PhaseSummary {
+interface PhaseSummary {
   phase: StepPhase;
   meanMs: number;
   p50Ms: number;
@@ -65,7 +65,7 @@ export interface DashboardSource {
 }
 
 /** The engine as the dashboard sees it (ServingEngine satisfies it). */
-export interface DashboardEngine extends EngineStatsSource {
+interface DashboardEngine extends EngineStatsSource {
   readonly pid: number;
   onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void;
 }
@@ -88,7 +88,7 @@ const PHASE_FIELDS = [
   ["workerForward", "workerForwardMs"],
   ["workerSample", "workerSampleMs"],
 ] as const satisfies readonly (readonly [string, keyof StepTiming])[];
-export type StepPhase = (typeof PHASE_FIELDS)[number][0];
+type StepPhase = (typeof PHASE_FIELDS)[number][0];
 
 /** Cumulative counters at one moment, for rates. */
 interface CounterSample {
