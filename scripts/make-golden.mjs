@@ -388,7 +388,7 @@ const vectors = {
       device: "cpu",
       worker_pid: 48214,
       graph: LLM_GRAPH,
-      pooling: { pooling_type: "mean", normalize: true, dimensions: 4, causal: false, is_matryoshka: true, matryoshka_dimensions: [16, 32] },
+      pooling: { pooling_type: "mean", normalize: true, dimensions: 4, causal: false, is_matryoshka: true, matryoshka_dimensions: [16, 32], task: "embed", activation: "identity" },
     },
   },
   // Sampled rows 7 and 10 (row 11 was a chunk), no logprobs asked.

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 10
+PROTOCOL_VERSION = 11
 
 
 @dataclass
@@ -170,6 +170,8 @@ class PoolingInfo:
     causal: bool
     is_matryoshka: bool
     matryoshka_dimensions: list[int]
+    task: str
+    activation: str
 
 
 @dataclass
@@ -241,7 +243,7 @@ class Shutdown:
 
 @dataclass
 class Ready:
-    """pooling: nil for a generating model; for a pooling model (--runner pooling) how its prompt becomes one vector. Every request of such a worker is prefill only: the row that reaches the end of its prompt (sample = 1) is pooled instead of sampled (StepResult.pooled). pooling_type: cls (first position), mean (every position) or last (last position) of the last hidden layer; normalize: the vector is L2-normalized; dimensions: its length; causal false: a bidirectional encoder, which needs a request's whole prompt in one row (never chunked, never a prefix-cache hit) and keeps no KV (num_blocks only counts for the scheduler); is_matryoshka / matryoshka_dimensions: the model's config allows truncating the vector (to those lengths only, when listed).
+    """pooling: nil for a generating model; for a pooling model (--runner pooling) how its prompt becomes one vector. Every request of such a worker is prefill only: the row that reaches the end of its prompt (sample = 1) is pooled instead of sampled (StepResult.pooled). pooling_type: cls (first position), mean (every position) or last (last position) of the last hidden layer; normalize: the vector is L2-normalized; dimensions: its length; causal false: a bidirectional encoder, which needs a request's whole prompt in one row (never chunked, never a prefix-cache hit) and keeps no KV (num_blocks only counts for the scheduler); is_matryoshka / matryoshka_dimensions: the model's config allows truncating the vector (to those lengths only, when listed). task: embed (the vector is an embedding) or classify (a cross-encoder or reranker: the vector is its dimensions logits, /score and /rerank serve it); activation: what turns a classifier's logit into its score, sigmoid or identity (identity for embed).
 
     graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode."""
 
@@ -425,6 +427,8 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("causal", "bool", False, None),
         ("is_matryoshka", "bool", False, None),
         ("matryoshka_dimensions", "int[]", False, None),
+        ("task", "str", False, None),
+        ("activation", "str", False, None),
     ),
     "KvWork": (
         ("sends", "struct[]", False, "KvTransfer"),

@@ -42,6 +42,8 @@ export interface ServeOptions {
   enforceEager: boolean;
   /** --runner: generate, pooling (embedding models) or auto (pooling for a sentence-transformers directory or an encoder). */
   runner: Runner;
+  /** --hf-overrides: config.json keys restated, vLLM's JSON (the worker checks them: a decoder served as Qwen3-Reranker); null: none. */
+  hfOverrides: Record<string, unknown> | null;
   enablePrefixCaching: boolean;
   /** Overlap scheduling: the engine builds step N+1 while the worker runs N (--no-async-scheduling turns it off). */
   asyncScheduling: boolean;
@@ -124,6 +126,7 @@ const SERVE_FLAGS = {
   seed: { type: "string" },
   "load-format": { type: "string" },
   runner: { type: "string" },
+  "hf-overrides": { type: "string" },
   "attention-backend": { type: "string" },
   "enforce-eager": { type: "boolean" },
   "enable-prefix-caching": { type: "boolean" },
@@ -329,6 +332,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       attentionBackend: values["attention-backend"] ?? "auto",
       enforceEager: values["enforce-eager"] === true,
       runner: choice(values.runner, "runner", RUNNERS, "auto"),
+      hfOverrides: hfOverrides(values["hf-overrides"]),
       enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
       asyncScheduling: values["no-async-scheduling"] !== true,
       engineThread: values["no-engine-thread"] !== true,
@@ -362,6 +366,19 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       },
     },
   };
+}
+
+/** --hf-overrides '{...}': a JSON object, passed to the worker as it is. */
+function hfOverrides(value: string | undefined): Record<string, unknown> | null {
+  if (value === undefined) return null;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(value);
+  } catch {
+    throw new UsageError(`invalid value '${value}' for --hf-overrides: expected a JSON object`);
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) throw new UsageError(`invalid value '${value}' for --hf-overrides: expected a JSON object`);
+  return parsed as Record<string, unknown>;
 }
 
 /** --limit-mm-per-prompt '{"image": N}' (vLLM's JSON form): the most images one prompt may hold; null: no limit. */
@@ -427,7 +444,12 @@ Options (vLLM's names; --flag value or --flag=value):
                                    the last + 1 (both for tests and benchmarks)
   --runner auto|generate|pooling   pooling: an embedding model (/v1/embeddings); auto (default):
                                    pooling for a sentence-transformers directory (modules.json)
-                                   or an encoder (BertModel, XLMRobertaModel), else generate
+                                   or an encoder (BertModel, XLMRobertaModel, their
+                                   *ForSequenceClassification cross-encoders), else generate
+  --hf-overrides JSON              config.json restated (vLLM's flag); serves a Qwen3ForCausalLM
+                                   as Qwen3-Reranker: '{"architectures":
+                                   ["Qwen3ForSequenceClassification"], "classifier_from_token":
+                                   ["no", "yes"], "is_original_qwen3_reranker": true}'
   --attention-backend auto|triton|flex|cpu|reference
                                    the worker's attention kernels (default auto: triton on
                                    CUDA, cpu on CPU)

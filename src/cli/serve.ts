@@ -200,6 +200,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         attentionBackend: options.attentionBackend,
         enforceEager: options.enforceEager,
         runner: options.runner,
+        hfOverrides: options.hfOverrides,
         maxNumSeqs: options.maxNumSeqs,
         onLoadProgress: progressBar?.update,
         stepTimeoutMs: options.stepTimeoutS === null ? undefined : options.stepTimeoutS * 1000,
@@ -335,7 +336,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       (dataParallel === null ? ", " : ` per replica, ${replicaCount} replicas behind the ${options.router.policy} router, `) +
       `max_model_len ${ready.max_model_len}) on http://${urlHost(options.host)}:${address.port}\n`,
   );
-  process.stdout.write(servedBanner(options, ready.pooling !== null));
+  process.stdout.write(servedBanner(options, ready.pooling?.task ?? null));
   logger.info(
     { url: `http://${urlHost(options.host)}:${address.port}`, model: name, auth: options.apiKey !== null, max_num_queued_requests: options.maxNumQueuedRequests },
     "ready",
@@ -344,10 +345,12 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
 }
 
 /** What is served where, printed under the start-up line. */
-function servedBanner(options: ServeOptions, pooling: boolean): string {
+function servedBanner(options: ServeOptions, poolingTask: string | null): string {
+  const pooling = poolingTask !== null;
+  const routes = poolingTask === "classify" ? "POST /score, POST /rerank (a cross-encoder)" : "POST /v1/embeddings (a pooling model)";
   return [
     pooling
-      ? "  API:     POST /v1/embeddings (a pooling model), GET /v1/models, POST /tokenize, POST /detokenize, GET /version"
+      ? `  API:     ${routes}, GET /v1/models, POST /tokenize, POST /detokenize, GET /version`
       : "  API:     POST /v1/completions, POST /v1/chat/completions, GET /v1/models,",
     ...(pooling ? [] : ["           POST /generate, POST /tokenize, POST /detokenize, GET /version"]),
     "  health:  GET /health (no key needed)",

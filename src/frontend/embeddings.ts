@@ -1,6 +1,5 @@
 // POST /v1/embeddings on a pooling model (vLLM's and OpenAI's shape): each
-// input is one prefill-only engine request through its session (admission,
-// metrics, the live registry, abort when the client leaves), and its pooled
+// input is one prefill-only engine request (pooled-run.ts), and its pooled
 // vector comes back as the request's one output. The vector is the model's
 // (pooled and normalized as its directory says); `dimensions` truncates it
 // (Matryoshka models only) and re-normalizes it when the model normalizes.
@@ -8,20 +7,13 @@
 import { randomUUID } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { RequestRejectedError } from "../engine/engine-core.js";
-import { poolingTraits } from "../engine/pooling.js";
-import type { EngineRequest, RequestId, RequestOutput } from "../engine/types.js";
-import type { PoolingInfo, SamplingParams } from "../transport/messages.js";
+import type { PoolingInfo } from "../transport/messages.js";
 import type { FrontendContext } from "./context.js";
-import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
-import type { SessionOwner } from "./request-session.js";
+import { badRequest } from "./openai-error.js";
+import { checkPromptLength, integerField, priorityOf, runPooled, truncationLength } from "./pooled-run.js";
 import { checkAvailable, checkModel, unixSeconds } from "./run-generation.js";
-import { samplingOf } from "./sampling.js";
 
 const KNOWN_FIELDS = new Set(["model", "input", "encoding_format", "dimensions", "user", "truncate_prompt_tokens", "add_special_tokens", "priority"]);
-
-/** A pooling request samples nothing; the worker reads none of this. */
-const NO_SAMPLING: SamplingParams = samplingOf(0, null);
 
 interface EmbeddingRequest {
   model: string | null;
@@ -31,8 +23,8 @@ interface EmbeddingRequest {
   params: string[];
   encoding: "float" | "base64";
   dimensions: number | null;
-  /** Keep only the last k tokens of each input; -1: the model's maximum length; null: no truncation. */
-  truncatePromptTokens: number | null;
+  /** Keep only the last k tokens of each input (truncate_prompt_tokens; -1 is the model's maximum length); null: no truncation. */
+  keepTokens: number | null;
   addSpecialTokens: boolean;
   priority: number;
   ignoredFields: string[];
@@ -48,15 +40,9 @@ function isTokenList(value: unknown): value is number[] {
   return Array.isArray(value) && value.every((t) => typeof t === "number");
 }
 
-function integerField(body: Record<string, unknown>, name: string): number | null {
-  const value = body[name];
-  if (value === undefined || value === null) return null;
-  if (typeof value !== "number" || !Number.isInteger(value)) throw badRequest(`${name} must be an integer`, name);
-  return value;
-}
-
 /** Checks the body's shape (OpenAI's rules for `input`); what depends on the model is checked later. */
-function parseEmbeddingRequest(raw: unknown, vocabSize: number): EmbeddingRequest {
+function parseEmbeddingRequest(raw: unknown, ctx: FrontendContext): EmbeddingRequest {
+  const vocabSize = ctx.vocabSize;
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) throw badRequest("the request body must be a JSON object");
   const body = raw as Record<string, unknown>;
   if (body.model !== undefined && body.model !== null && typeof body.model !== "string") throw badRequest("model must be a string", "model");
@@ -82,17 +68,15 @@ function parseEmbeddingRequest(raw: unknown, vocabSize: number): EmbeddingReques
   if (body.user !== undefined && body.user !== null && typeof body.user !== "string") throw badRequest("user must be a string", "user");
   const addSpecialTokens = body.add_special_tokens ?? true;
   if (typeof addSpecialTokens !== "boolean") throw badRequest("add_special_tokens must be a boolean", "add_special_tokens");
-  const truncate = integerField(body, "truncate_prompt_tokens");
-  if (truncate !== null && truncate < -1) throw badRequest("truncate_prompt_tokens must be -1 (the model's maximum length) or a positive token count", "truncate_prompt_tokens");
   return {
     model: (body.model as string | undefined) ?? null,
     inputs,
     params,
     encoding,
     dimensions: integerField(body, "dimensions"),
-    truncatePromptTokens: truncate === 0 ? null : truncate,
+    keepTokens: truncationLength(ctx, body),
     addSpecialTokens,
-    priority: integerField(body, "priority") ?? 0,
+    priority: priorityOf(ctx, body),
     ignoredFields: Object.keys(body).filter((key) => !KNOWN_FIELDS.has(key)),
   };
 }
@@ -131,55 +115,15 @@ function base64Vector(vector: Float32Array): string {
   return bytes.toString("base64");
 }
 
-/** One input's engine request, as its session sees it. */
-class PoolingRun implements SessionOwner {
-  private done = false;
-
-  constructor(
-    readonly id: RequestId,
-    readonly name: string,
-    private readonly onResult: (output: RequestOutput) => void,
-    private readonly onError: (error: ApiError) => void,
-  ) {}
-
-  fail(error: ApiError): void {
-    if (this.done) return;
-    this.done = true;
-    this.onError(error);
-  }
-
-  output(output: RequestOutput): void {
-    if (this.done) return;
-    this.done = true;
-    if (output.pooled !== undefined) this.onResult(output);
-    else if (output.finishReason === "abort") this.onError(serviceUnavailable(output.error ?? "the request was aborted by the engine"));
-    else this.onError(output.errorStatus === 400 ? badRequest(output.error ?? "bad input") : serverError(output.error ?? "the engine failed while pooling"));
-  }
-
-  get finished(): boolean {
-    return this.done;
-  }
-}
-
 /** Tokenized inputs, each checked against the model's length (after truncate_prompt_tokens). */
 async function tokenizeInputs(ctx: FrontendContext, req: EmbeddingRequest): Promise<number[][]> {
-  const maxLen = ctx.limits.maxModelLen;
-  const keep = req.truncatePromptTokens === -1 ? maxLen : req.truncatePromptTokens;
-  if (keep !== null && keep > maxLen) {
-    throw badRequest(`truncate_prompt_tokens (${keep}) cannot be greater than the model's maximum length ${maxLen}`, "truncate_prompt_tokens");
-  }
+  const keep = req.keepTokens;
   const prompts: number[][] = [];
   for (const [i, input] of req.inputs.entries()) {
     let ids = typeof input === "string" ? await ctx.tokenizer.encode(input, req.addSpecialTokens) : input;
     if (keep !== null && ids.length > keep) ids = ids.slice(ids.length - keep);
     const param = req.params[i] as string;
-    if (ids.length === 0) throw badRequest(`${param} must not be empty (it has no tokens)`, param);
-    if (ids.length > maxLen) {
-      throw badRequest(
-        `This model's maximum context length is ${maxLen} tokens. However, ${param} has ${ids.length} tokens. Please reduce the length of the input, or set truncate_prompt_tokens.`,
-        param,
-      );
-    }
+    checkPromptLength(ctx, ids, param, param);
     prompts.push(ids);
   }
   return prompts;
@@ -187,80 +131,18 @@ async function tokenizeInputs(ctx: FrontendContext, req: EmbeddingRequest): Prom
 
 export async function handleEmbeddings(ctx: FrontendContext, pooling: PoolingInfo, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
-  const req = parseEmbeddingRequest(request.body, ctx.vocabSize);
+  const req = parseEmbeddingRequest(request.body, ctx);
   ctx.noteIgnoredFields("/v1/embeddings", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);
   checkDimensions(req.dimensions, pooling, ctx.servedModelName);
-  if (req.priority !== 0 && ctx.limits.schedulingPolicy !== "priority") {
-    throw badRequest("priority is only allowed with --scheduling-policy priority", "priority");
-  }
   const prompts = await tokenizeInputs(ctx, req);
   const id = `embd-${randomUUID().replaceAll("-", "")}`;
-  const traits = poolingTraits(pooling);
-  const vectors = await new Promise<Float32Array[]>((resolve, reject) => {
-    const results: Float32Array[] = [];
-    let remaining = prompts.length;
-    let settled = false;
-    const runs: PoolingRun[] = [];
-    const fail = (error: ApiError): void => {
-      if (settled) return;
-      settled = true;
-      // The others are no longer wanted: their engine requests are aborted.
-      for (const run of runs) if (!run.finished) run.fail(error);
-      reject(error);
-    };
-    const end = (run: PoolingRun, engineDone: boolean): void => ctx.sessions.end(run, engineDone);
-    prompts.forEach((promptIds, k) => {
-      const run: PoolingRun = new PoolingRun(
-        ctx.sessions.newId(),
-        prompts.length === 1 ? id : `${id}-${k}`,
-        (output) => {
-          end(run, true);
-          results[k] = outputVector(output.pooled as Float32Array, req.dimensions, pooling.normalize);
-          if (--remaining === 0 && !settled) {
-            settled = true;
-            resolve(results);
-          }
-        },
-        (error) => {
-          end(run, false);
-          fail(error);
-        },
-      );
-      runs.push(run);
-    });
-    reply.raw.on("close", () => {
-      if (!reply.raw.writableEnded) fail(new ApiError(499, "client disconnected", "invalid_request_error"));
-    });
-    // A client that left while its inputs were tokenized: its close event has passed already.
-    if (reply.raw.destroyed) fail(new ApiError(499, "client disconnected", "invalid_request_error"));
-    runs.forEach((run, k) => {
-      if (settled) return;
-      const engineRequest: EngineRequest = {
-        id: run.id,
-        promptIds: prompts[k] as number[],
-        sampling: NO_SAMPLING,
-        stop: { maxTokens: 1, eosTokenIds: [], stopTokenIds: [], ignoreEos: true, minTokens: 0 },
-        priority: req.priority,
-        arrivalMs,
-        pooling: traits,
-      };
-      try {
-        ctx.sessions.submitText(run, engineRequest, (output) => run.output(output));
-      } catch (error) {
-        const param = req.params[k] as string;
-        // A request the engine can never run (too long for the encoder's step) is the client's to fix.
-        if (error instanceof RequestRejectedError) fail(badRequest(`${param}: ${error.message.replace(/^request \d+: /, "")}`, param));
-        else fail(serverError(`the engine refused the request: ${(error as Error).message}`));
-      }
-    });
-  });
+  const pooled = await runPooled(ctx, pooling, { id, prompts, params: req.params, priority: req.priority, arrivalMs }, reply);
   const numTokens = prompts.reduce((sum, p) => sum + p.length, 0);
-  const data: EmbeddingData[] = vectors.map((vector, index) => ({
-    object: "embedding",
-    index,
-    embedding: req.encoding === "base64" ? base64Vector(vector) : Array.from(vector),
-  }));
+  const data: EmbeddingData[] = pooled.map((row, index) => {
+    const vector = outputVector(row, req.dimensions, pooling.normalize);
+    return { object: "embedding", index, embedding: req.encoding === "base64" ? base64Vector(vector) : Array.from(vector) };
+  });
   return { id, object: "list", created: unixSeconds(), model: ctx.servedModelName, data, usage: { prompt_tokens: numTokens, total_tokens: numTokens } };
 }

@@ -11,6 +11,7 @@ import type { TextTokenizer } from "../text/tokenizer.js";
 import { handleChatCompletion } from "./chat-completions.js";
 import { handleCompletion } from "./completions.js";
 import { handleEmbeddings } from "./embeddings.js";
+import { handleRerank, handleScore } from "./scoring.js";
 import { batonVersion, handleDetokenize, handleGenerate, handleTokenize } from "./extra-endpoints.js";
 import type { FrontendContext } from "./context.js";
 import type { EngineHandle } from "../engine/types.js";
@@ -238,17 +239,28 @@ export function buildServer(options: ServerOptions): BatonServer {
     throw badRequest(`model ${options.servedModelName} does not produce text (it produces ${produces}); use ${route} or the multipart form of /generate`);
   };
   const pooling = options.pooling ?? null;
-  // A pooling model embeds; it generates no text.
+  const name = options.servedModelName;
+  // A pooling model embeds or scores; it generates no text.
   const generateContext = (): FrontendContext => {
-    if (pooling !== null) throw badRequest(`model ${options.servedModelName} is a pooling model (an embedding model): it generates no text; use /v1/embeddings`);
+    if (pooling?.task === "classify") throw badRequest(`model ${name} is a pooling model (a cross-encoder): it generates no text; use /score or /rerank`);
+    if (pooling !== null) throw badRequest(`model ${name} is a pooling model (an embedding model): it generates no text; use /v1/embeddings`);
     return textContext();
   };
   app.post("/v1/completions", (request, reply) => handleCompletion(generateContext(), request, reply));
   app.post("/v1/chat/completions", (request, reply) => handleChatCompletion(generateContext(), request, reply));
   app.post("/v1/embeddings", (request, reply) => {
-    if (pooling === null) throw badRequest(`model ${options.servedModelName} generates text; /v1/embeddings needs a pooling model (an embedding model, --runner pooling)`);
+    if (pooling === null) throw badRequest(`model ${name} generates text; /v1/embeddings needs a pooling model (an embedding model, --runner pooling)`);
+    if (pooling.task === "classify") throw badRequest(`model ${name} is a cross-encoder: it scores text pairs (/score, /rerank) and gives no embeddings`);
     return handleEmbeddings(textContext(), pooling, request, reply);
   });
+  // vLLM's scoring routes, on a cross-encoder or reranker only.
+  const scoringModel = (route: string): PoolingInfo => {
+    if (pooling?.task === "classify") return pooling;
+    const what = pooling === null ? "generates text" : "is an embedding model";
+    throw badRequest(`model ${name} ${what}; ${route} needs a cross-encoder (a *ForSequenceClassification directory, or a reranker served with --hf-overrides)`);
+  };
+  for (const path of ["/score", "/v1/score"]) app.post(path, (request, reply) => handleScore(textContext(), scoringModel("/score"), request, reply));
+  for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"]) app.post(path, (request, reply) => handleRerank(textContext(), scoringModel("/rerank"), request, reply));
   registerResponsesRoutes(app, generateContext, options.responsesStore ?? RESPONSES_STORE_DEFAULTS);
   app.post("/tokenize", (request) => handleTokenize(textContext(), request));
   app.post("/detokenize", (request) => handleDetokenize(textContext(), request));

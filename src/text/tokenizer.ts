@@ -17,6 +17,8 @@ export interface TokenizerOptions {
 export class TextTokenizer {
   /** Vocabulary size including added tokens. */
   readonly vocabSize: number;
+  /** Tokens the pair template adds (read on the first truncated pair). */
+  private pairSpecials: number | undefined;
 
   private constructor(
     private readonly inner: Tokenizer,
@@ -60,6 +62,24 @@ export class TextTokenizer {
     return ids;
   }
 
+  /**
+   * A text pair -> ids, as the tokenizer's pair template builds it (BERT:
+   * [CLS] a [SEP] b [SEP]; a byte-level BPE: a then b). maxLength cuts the
+   * whole to that many tokens the way HF tokenizers' longest_first
+   * truncation does (from the right of the longer text first); null: no cut.
+   */
+  async encodePair(first: string, second: string, maxLength: number | null): Promise<number[]> {
+    const [a, b] = await Promise.all([this.inner.encode(first, null, { addSpecialTokens: false }), this.inner.encode(second, null, { addSpecialTokens: false })]);
+    if (maxLength !== null) {
+      this.pairSpecials ??= this.inner.postProcess(await this.inner.encode("", null, { addSpecialTokens: false }), await this.inner.encode("", null, { addSpecialTokens: false }), true).getLength();
+      const [n1, n2] = longestFirst(a.getLength(), b.getLength(), Math.max(maxLength - this.pairSpecials, 0));
+      // The binding's own default direction is left; HF's truncation_side defaults to right.
+      if (n1 < a.getLength()) a.truncate(n1, 0, "right");
+      if (n2 < b.getLength()) b.truncate(n2, 0, "right");
+    }
+    return this.inner.postProcess(a, b, true).getIds();
+  }
+
   decode(ids: number[], skipSpecialTokens: boolean): Promise<string> {
     return this.inner.decode(ids, skipSpecialTokens);
   }
@@ -75,4 +95,21 @@ export class TextTokenizer {
   idToToken(id: number): string | null {
     return this.inner.idToToken(id);
   }
+}
+
+/**
+ * HF tokenizers' longest_first lengths of a pair of n1 and n2 tokens within
+ * `budget`: the shorter text keeps its length when the longer can take the
+ * cut alone; otherwise each gets half (the longer one the odd token).
+ */
+function longestFirst(n1: number, n2: number, budget: number): [number, number] {
+  if (n1 + n2 <= budget) return [n1, n2];
+  const swap = n1 > n2;
+  let short = swap ? n2 : n1;
+  let long = short > budget ? short : Math.max(short, budget - short);
+  if (short + long > budget) {
+    short = Math.floor(budget / 2);
+    long = short + (budget % 2);
+  }
+  return swap ? [long, short] : [short, long];
 }

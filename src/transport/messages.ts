@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 10;
+export const PROTOCOL_VERSION = 11;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -143,6 +143,8 @@ export interface PoolingInfo {
   causal: boolean;
   is_matryoshka: boolean;
   matryoshka_dimensions: number[];
+  task: string;
+  activation: string;
 }
 
 export interface KvWork {
@@ -201,7 +203,7 @@ export interface ShutdownMessage {
 }
 
 /**
- * pooling: nil for a generating model; for a pooling model (--runner pooling) how its prompt becomes one vector. Every request of such a worker is prefill only: the row that reaches the end of its prompt (sample = 1) is pooled instead of sampled (StepResult.pooled). pooling_type: cls (first position), mean (every position) or last (last position) of the last hidden layer; normalize: the vector is L2-normalized; dimensions: its length; causal false: a bidirectional encoder, which needs a request's whole prompt in one row (never chunked, never a prefix-cache hit) and keeps no KV (num_blocks only counts for the scheduler); is_matryoshka / matryoshka_dimensions: the model's config allows truncating the vector (to those lengths only, when listed).
+ * pooling: nil for a generating model; for a pooling model (--runner pooling) how its prompt becomes one vector. Every request of such a worker is prefill only: the row that reaches the end of its prompt (sample = 1) is pooled instead of sampled (StepResult.pooled). pooling_type: cls (first position), mean (every position) or last (last position) of the last hidden layer; normalize: the vector is L2-normalized; dimensions: its length; causal false: a bidirectional encoder, which needs a request's whole prompt in one row (never chunked, never a prefix-cache hit) and keeps no KV (num_blocks only counts for the scheduler); is_matryoshka / matryoshka_dimensions: the model's config allows truncating the vector (to those lengths only, when listed). task: embed (the vector is an embedding) or classify (a cross-encoder or reranker: the vector is its dimensions logits, /score and /rerank serve it); activation: what turns a classifier's logit into its score, sigmoid or identity (identity for embed).
  * graph: the model's graph of nodes and walks as data (layout in docs/graph-runtime.md; validated and compiled by src/graph/ at start-up). A plain LLM is the one-node graph: node llm, walks prefill and decode.
  */
 export interface ReadyMessage {
@@ -273,7 +275,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 10,
+  protocolVersion: 11,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -386,6 +388,8 @@ export const WIRE_TABLES: WireTables = {
       { name: "causal", type: { kind: "bool", nullable: false, text: "bool" } },
       { name: "is_matryoshka", type: { kind: "bool", nullable: false, text: "bool" } },
       { name: "matryoshka_dimensions", type: { kind: "int[]", nullable: false, text: "int[]" } },
+      { name: "task", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "activation", type: { kind: "str", nullable: false, text: "str" } },
     ],
     KvWork: [
       { name: "sends", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },

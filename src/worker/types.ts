@@ -48,6 +48,8 @@ export interface WorkerOptions {
   enforceEager?: boolean;
   /** --runner (default auto). */
   runner?: Runner;
+  /** vLLM's --hf-overrides, as JSON the worker checks (default none). */
+  hfOverrides?: Record<string, unknown> | null;
   /** Most rows a decode step can have: the largest CUDA graph the worker captures. */
   maxNumSeqs?: number;
   /** Interpreter; default BATON_PYTHON, else <repo>/.venv/bin/python. */

@@ -30,6 +30,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.attentionBackend !== undefined) args.push("--attention-backend", opts.attentionBackend);
   if (opts.enforceEager === true) args.push("--enforce-eager");
   if (opts.runner !== undefined && opts.runner !== "auto") args.push("--runner", opts.runner);
+  if (opts.hfOverrides != null) args.push("--hf-overrides", JSON.stringify(opts.hfOverrides));
   if (opts.maxNumSeqs !== undefined) args.push("--max-num-seqs", String(opts.maxNumSeqs));
   if (opts.onLoadProgress !== undefined) args.push("--progress");
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));

@@ -82,6 +82,7 @@ describe("parseServeArgs", () => {
       attentionBackend: "auto",
       enforceEager: false,
       runner: "auto",
+      hfOverrides: null,
       enablePrefixCaching: true,
       apiKey: null,
       logLevel: "info",

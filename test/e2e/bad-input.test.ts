@@ -48,6 +48,10 @@ const cases: Case[] = [
   { name: "body over the size limit", path: C, body: raw(JSON.stringify(cmp({ prompt: "x".repeat(BODY_LIMIT + 10) }))), status: 413 },
   { name: "huge token-id list over the size limit", path: C, body: raw(JSON.stringify(cmp({ prompt: ids(300_000) }))), status: 413 },
   { name: "wrong content type", path: C, body: raw("prompt=x", "text/plain"), status: 415 },
+  // Pooling routes on a generating model.
+  { name: "embeddings on a generating model", path: "/v1/embeddings", body: { input: "the cat" }, status: 400, message: /generates text; \/v1\/embeddings needs a pooling model/ },
+  { name: "score on a generating model", path: "/score", body: { text_1: "a", text_2: "b" }, status: 400, message: /generates text; \/score needs a cross-encoder/ },
+  { name: "rerank on a generating model", path: "/rerank", body: { query: "a", documents: ["b"] }, status: 400, message: /generates text; \/rerank needs a cross-encoder/ },
   // Model.
   { name: "unknown model", path: C, body: cmp({ model: "gpt-4" }), status: 404, param: "model", message: /gpt-4.*does not exist/ },
   { name: "unknown model (chat)", path: H, body: chat({ model: "llama" }), status: 404, param: "model" },

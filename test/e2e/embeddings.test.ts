@@ -42,10 +42,6 @@ function runEmbedders(args: string[], input?: string): string {
   return result.stdout;
 }
 
-/** sentence-transformers' encode of the texts (batches of 32, padded, as a user runs it). */
-function reference(modelDir: string, texts: string[]): number[][] {
-  return (JSON.parse(runEmbedders(["encode", "--model", modelDir], JSON.stringify(texts))) as { embeddings: number[][] }).embeddings;
-}
 
 function assertClose(got: ArrayLike<number>, want: ArrayLike<number>, what: string): void {
   assert.equal(got.length, want.length, `${what}: length`);
@@ -102,6 +98,14 @@ const CASES: Case[] = [
   { kind: "qwen3-last", normalize: true, matryoshka: false, encoder: false, args: ["--max-num-batched-tokens", "16", "--block-size", "4"] },
 ];
 
+// Every directory and sentence-transformers' encode of TEXTS (batches of 32, padded, as a user runs it), in one process.
+const references = new Map<string, number[][]>();
+before(() => {
+  const jobs = CASES.map((c) => ({ kind: c.kind, out: join(root, c.kind), encode: TEXTS, ...(c.kind.startsWith("qwen3") ? { tokenizer_dir: QWEN_TOKENIZER } : {}) }));
+  const results = JSON.parse(runEmbedders(["prepare"], JSON.stringify(jobs))) as { embeddings: number[][] }[];
+  CASES.forEach((c, i) => references.set(c.kind, results[i]!.embeddings));
+});
+
 for (const c of CASES) {
   describe(`/v1/embeddings: ${c.kind}`, () => {
     const dir = join(root, c.kind);
@@ -109,8 +113,7 @@ for (const c of CASES) {
     let want: number[][];
 
     before(async () => {
-      runEmbedders(["build", "--kind", c.kind, "--out", dir, ...(c.kind.startsWith("qwen3") ? ["--tokenizer-dir", QWEN_TOKENIZER] : [])]);
-      want = reference(dir, TEXTS);
+      want = references.get(c.kind)!;
       server = await startServer([dir, ...c.args]);
     });
     after(async () => {
@@ -206,22 +209,8 @@ for (const c of CASES) {
       assert.equal((await refused(server, "/v1/embeddings", { input: "x", encoding_format: "hex" })).param, "encoding_format");
       assert.match((await refused(server, "/v1/completions", { prompt: "the cat" })).message, /is a pooling model/);
       assert.match((await refused(server, "/v1/chat/completions", { messages: [{ role: "user", content: "hi" }] })).message, /is a pooling model/);
+      assert.match((await refused(server, "/score", { text_1: "a", text_2: "b" })).message, /is an embedding model; \/score needs a cross-encoder/);
+      assert.match((await refused(server, "/rerank", { query: "a", documents: ["b"] })).message, /is an embedding model; \/rerank needs a cross-encoder/);
     });
   });
 }
-
-describe("/v1/embeddings on a generating model", () => {
-  test("answers 400 (the Qwen3 embedder's directory served with --runner generate)", async () => {
-    const dir = join(root, "qwen3-generate");
-    runEmbedders(["build", "--kind", "qwen3-last", "--out", dir, "--tokenizer-dir", QWEN_TOKENIZER]);
-    const server = await startServer([dir, "--runner", "generate"]);
-    try {
-      const error = await refused(server, "/v1/embeddings", { input: "the cat" });
-      assert.match(error.message, /generates text; \/v1\/embeddings needs a pooling model/);
-      const { status } = await postJson(`${server.url}/v1/completions`, { prompt: "the cat", max_tokens: 2 });
-      assert.equal(status, 200);
-    } finally {
-      await server.stop();
-    }
-  });
-});

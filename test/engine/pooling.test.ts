@@ -13,7 +13,7 @@ import { fakePooled, makeRequest, range } from "./fake-executor.js";
 import { collect, makeEngine } from "./helpers.js";
 
 function info(pooling_type: string, causal: boolean): PoolingInfo {
-  return { pooling_type, normalize: false, dimensions: 4, causal, is_matryoshka: false, matryoshka_dimensions: [] };
+  return { pooling_type, normalize: false, dimensions: 4, causal, is_matryoshka: false, matryoshka_dimensions: [], task: "embed", activation: "identity" };
 }
 
 function poolingRequest(prompt: number[], pooling: PoolingInfo) {

@@ -156,7 +156,7 @@ export const everyKind: WireMessage[] = [
     device: "cpu",
     worker_pid: 4243,
     graph: { version: 1, nodes: [{ name: "llm", engine: "kv_cache", overlap: true }], walks: [] },
-    pooling: { pooling_type: "mean", normalize: true, dimensions: 4, causal: false, is_matryoshka: true, matryoshka_dimensions: [2] },
+    pooling: { pooling_type: "mean", normalize: true, dimensions: 4, causal: false, is_matryoshka: true, matryoshka_dimensions: [2], task: "embed", activation: "identity" },
   },
   result(),
   result({ token_ids: new Int32Array(0), logprobs: null, top_counts: null, top_ids: null, top_logprobs: null, prompt_counts: null, prompt_logprobs: null, prompt_ranks: null, prompt_top_ids: null, prompt_top_logprobs: null, pooled: Float32Array.from([0.5, -0.5, 0.25, 1, 0, 0.125, -2, 3]) }),

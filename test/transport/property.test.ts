@@ -115,7 +115,7 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     worker_pid: int,
     graph: fc.constant({ version: 1, nodes: [] }),
     pooling: fc.option(
-      rec({ pooling_type: str, normalize: fc.boolean(), dimensions: int, causal: fc.boolean(), is_matryoshka: fc.boolean(), matryoshka_dimensions: fc.array(int, { maxLength: 4 }) }),
+      rec({ pooling_type: str, normalize: fc.boolean(), dimensions: int, causal: fc.boolean(), is_matryoshka: fc.boolean(), matryoshka_dimensions: fc.array(int, { maxLength: 4 }), task: str, activation: str }),
     ),
   }),
   rec({

@@ -1,5 +1,6 @@
 """Bidirectional encoders of the BERT family (BertModel, RobertaModel,
-XLMRobertaModel), served as pooling models.
+XLMRobertaModel, and their *ForSequenceClassification cross-encoders),
+served as pooling models.
 
 The forward pass runs every whole sequence of a step packed into one batch
 of tokens: embeddings, projections and MLPs on the packed [T, hidden] rows,
@@ -9,8 +10,13 @@ over [sequences, heads, length, head_dim] with the padded keys masked. No KV
 cache: a sequence attends to itself only, within the step.
 
 Weights are the HF names of the base model (a checkpoint of a task model
-keeps them under "bert." / "roberta.", which is stripped); the pooler layer
-is not used (sentence-transformers pools the last hidden states itself).
+keeps them under "bert." / "roberta.", which is stripped); an embedding
+model's pooler layer is not used (sentence-transformers pools the last hidden
+states itself). A cross-encoder's head (model/pooling.py ClassifierHead)
+reads the CLS row: BERT's pooler then classifier, RoBERTa's classifier.dense
+then classifier.out_proj. Its pair's second text is token type 1 (BERT's
+segment embeddings; RoBERTa has one type): the tokens after the pair's first
+separator (pooling.pair_separator), as the tokenizer's pair template types them.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ConfigError, read_json
-from .pooling import ENCODER_ARCHITECTURES
+from .pooling import ENCODER_ARCHITECTURES, ENCODER_CLASSIFIERS, ClassifierHead
 
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -50,6 +56,10 @@ class EncoderConfig:
     torch_dtype: str | None = None
 
     @property
+    def classifier(self) -> bool:
+        return self.architecture in ENCODER_CLASSIFIERS
+
+    @property
     def max_model_len(self) -> int:
         return self.max_position_embeddings - self.position_offset
 
@@ -71,7 +81,7 @@ def load_encoder_config(model_dir: Path) -> EncoderConfig:
             raise ConfigError(f"{path}: missing {key!r}")
         return raw[key]
 
-    roberta = architecture != "BertModel"
+    roberta = not architecture.startswith("Bert")
     return EncoderConfig(
         architecture=architecture,
         vocab_size=int(need("vocab_size")),
@@ -145,8 +155,12 @@ class EncoderModel:
         c = config
         self.word = get("embeddings.word_embeddings.weight")
         self.position = get("embeddings.position_embeddings.weight")
-        # Every token is segment 0 (one text per sequence).
-        self.token_type = get("embeddings.token_type_embeddings.weight")[0] if reader.has(self._name(reader, "embeddings.token_type_embeddings.weight")) else None
+        # [types, hidden]: segment 0 for one text, 1 for a pair's second text.
+        self.token_type = get("embeddings.token_type_embeddings.weight") if reader.has(self._name(reader, "embeddings.token_type_embeddings.weight")) else None
+        self.classifier: ClassifierHead | None = None
+        if c.classifier:
+            roberta = not c.architecture.startswith("Bert")
+            self.classifier = ClassifierHead.of(get, "classifier.out_proj", "classifier.dense") if roberta else ClassifierHead.of(get, "classifier", "pooler.dense")
         self.embed_norm = self._norm(get, "embeddings.LayerNorm")
         self.layers = []
         for i in range(c.num_layers):
@@ -190,13 +204,14 @@ class EncoderModel:
         return np.arange(int(query_start[-1])) - np.repeat(query_start[:-1], lengths) + self.config.position_offset
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan: EncoderPlan) -> torch.Tensor:
-        """The last hidden states [T, hidden] of the packed sequences."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, plan: EncoderPlan, token_types: torch.Tensor | None = None) -> torch.Tensor:
+        """The last hidden states [T, hidden] of the packed sequences; token_types: each token's
+        segment (None: every token is segment 0)."""
         c = self.config
         eps = c.layer_norm_eps
         x = F.embedding(input_ids, self.word) + F.embedding(positions, self.position)
         if self.token_type is not None:
-            x = x + self.token_type
+            x = x + (self.token_type[0] if token_types is None else F.embedding(token_types, self.token_type))
         x = F.layer_norm(x, (c.hidden_size,), *self.embed_norm, eps)
         for layer in self.layers:
             q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(c.hidden_size, dim=-1)

@@ -4,7 +4,8 @@ a request, Ready.pooling.causal false), the step's rows run as one packed
 forward pass, and each row's pooled vector goes back in StepResult.pooled.
 
 Block ids in the Step are the engine's bookkeeping only: nothing is cached,
-so they are accepted and ignored.
+so they are accepted and ignored. A cross-encoder's rows answer with their
+logits (its head over the CLS row); a pair's second text is token type 1.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from ..protocol import ProtocolError, Step, StepResult, StepTimings
 
 
 class EncoderRunner:
-    def __init__(self, model: EncoderModel, pooling: PoolingConfig, vocab_size: int, device: torch.device):
+    def __init__(self, model: EncoderModel, pooling: PoolingConfig, vocab_size: int, device: torch.device, separator: int | None = None):
+        """separator: the token after which a pair's second segment starts (None: one segment)."""
         self.model = model
         self.pooling = pooling
+        self.separator = separator
         self.vocab_size = vocab_size
         self.device = device
         self.prompts: dict[int, np.ndarray] = {}  # req_id -> prompt token ids
@@ -52,10 +55,23 @@ class EncoderRunner:
         positions = torch.from_numpy(self.model.positions(query_start)).to(self.device)
         plan = EncoderPlan(query_start)
         t1 = time.perf_counter()
-        hidden = self.model.forward(input_ids, positions, plan)
-        vectors = finish_vectors(pool_rows(hidden, query_start, self.pooling.pooling_type), self.pooling.normalize)
+        hidden = self.model.forward(input_ids, positions, plan, self._token_types(rows))
+        vectors = finish_vectors(pool_rows(hidden, query_start, self.pooling.pooling_type), self.pooling.normalize, self.model.classifier)
         t2 = time.perf_counter()
         return pooled_result(step.step_id, step.req_ids, vectors.reshape(-1), t0, t1, t2)
+
+    def _token_types(self, rows: list[np.ndarray]) -> torch.Tensor | None:
+        """Segment 1 after each row's first separator (past its first token), as the pair template types it."""
+        if self.separator is None:
+            return None
+        types = []
+        for row in rows:
+            t = np.zeros(len(row), np.int64)
+            hits = np.flatnonzero(row[1:] == self.separator)
+            if len(hits):
+                t[hits[0] + 2 :] = 1
+            types.append(t)
+        return torch.from_numpy(np.concatenate(types)).to(self.device)
 
     def _rows(self, step: Step) -> list[np.ndarray]:
         """Each row's prompt; a row must be a whole prompt that is pooled."""

@@ -28,7 +28,10 @@ above without its vocabulary projection and pools instead of sampling; a
 bidirectional encoder (model/encoder.py) has no KV cache at all. Its
 num_blocks only feeds the engine's block bookkeeping: enough blocks for
 --max-num-seqs sequences of max_model_len tokens, so the scheduler never
-waits for one. Ready.pooling says how the model pools.
+waits for one. Ready.pooling says how the model pools. A classifier
+(a cross-encoder directory, or a decoder that --hf-overrides names
+Qwen3ForSequenceClassification) loads the same way with its head
+(model/pooling.py ClassifierHead); its rows answer with logits.
 """
 
 from __future__ import annotations
@@ -52,7 +55,19 @@ from ..kv_connector import KvConnectorWorker, TorchDistributedTransport
 from ..model.config import ConfigError, ModelConfig, load_model_config, read_json
 from ..model.decoder import DecoderModel
 from ..model.encoder import EncoderModel, load_encoder_config
-from ..model.pooling import ENCODER_ARCHITECTURES, ChunkPooler, PoolingConfig, read_pooling_config, resolve_runner
+from ..model.pooling import (
+    DECODER_CLASSIFIERS,
+    ENCODER_ARCHITECTURES,
+    ChunkPooler,
+    ClassifierHead,
+    PoolingConfig,
+    overridden_architecture,
+    pair_separator,
+    read_classifier_config,
+    read_pooling_config,
+    resolve_runner,
+    vocabulary_id,
+)
 from ..model.weights import RandomWeightReader, WeightReader, stderr_progress, weight_files
 from ..models import graph_model_class
 from ..parallel.tensor_parallel import Partition, TensorParallelGroup, check_tensor_parallel
@@ -169,9 +184,12 @@ def _load_decoder(
     tp: TensorParallelGroup | None = None,
     layout: KvDecoderLayout | None = None,
     pooling: bool = False,
+    classifier_tokens: list[str] | None = None,
 ) -> _Decoder:
     """layout: where a composite model keeps its decoder (None: the directory is the decoder's);
-    pooling: served as a pooling model (no vocabulary projection; its rows pool instead of sampling)."""
+    pooling: served as a pooling model (no vocabulary projection; its rows pool instead of sampling);
+    classifier_tokens: a reranker's [no, yes]: its one logit is the last row times
+    lm_head[yes] - lm_head[no]."""
     dummy = opts.load_format == "dummy-null"
     if pooling and dummy:
         raise ConfigError("a pooling model needs weights (not --load-format dummy-null)")
@@ -179,7 +197,7 @@ def _load_decoder(
     dtype = resolve_dtype(opts.dtype, config, device)
     if tp is not None and dummy:
         raise ConfigError("--tensor-parallel-size above 1 needs real weights (not --load-format dummy-null)")
-    model, cache, attention = None, None, None
+    model, cache, attention, head = None, None, None, None
     # Under tensor parallelism the KV cache holds this rank's heads only, so the
     # same budget gives every rank the same block count (the engine's block ids
     # address every rank's shard alike).
@@ -196,6 +214,11 @@ def _load_decoder(
                 rename = lambda name: name.removeprefix("model.")  # noqa: E731
             reader = WeightReader(model_dir, dtype, device, progress, rename)
         model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp, head=not pooling)
+        if classifier_tokens is not None:
+            no, yes = (vocabulary_id(model_dir, token) for token in classifier_tokens)
+            tied = config.tie_word_embeddings or not reader.has("lm_head.weight")
+            rows = model.embed if tied else reader.get("lm_head.weight")
+            head = ClassifierHead((rows[yes].float() - rows[no].float())[None, :])
         reader.close()
     num_blocks = _num_blocks(opts, local, dtype, device)
     max_model_len = _max_model_len(opts, config, num_blocks)
@@ -206,8 +229,11 @@ def _load_decoder(
     runner.embeds_token_id = layout.embeds_token_id if layout else None
     pooling_config = None
     if pooling:
-        pooling_config = read_pooling_config(model_dir, config.hidden_size, encoder=False)
-        runner.pooler = ChunkPooler(pooling_config)
+        if classifier_tokens is not None:
+            pooling_config = read_classifier_config(model_dir, "last", num_labels=1)
+        else:
+            pooling_config = read_pooling_config(model_dir, config.hidden_size, encoder=False)
+        runner.pooler = ChunkPooler(pooling_config, head)
         return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache, pooling_config)
     # Test-only: BATON_TEST_OVERLAP=1 overlaps steps on CPU too (a GPU worker does by default), so the path runs in CI.
     if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
@@ -243,9 +269,18 @@ def _load_encoder(opts: WorkerOptions, model_dir: Path, device: torch.device) ->
     reader = WeightReader(model_dir, dtype, device, progress)
     model = EncoderModel(config, reader, device)
     reader.close()
-    pooling = read_pooling_config(model_dir, config.hidden_size, encoder=True)
+    separator = None
+    if config.classifier:
+        pooling = read_classifier_config(model_dir, "cls")
+        if model.token_type is not None and model.token_type.shape[0] > 1:
+            separator = pair_separator(model_dir)
+            if separator is None:
+                raise ConfigError(f"{model_dir}: a cross-encoder with token types needs tokenizer.json's pair template (a TemplateProcessing or BertProcessing post-processor)")
+    else:
+        pooling = read_pooling_config(model_dir, config.hidden_size, encoder=True)
     num_blocks = opts.num_blocks or opts.max_num_seqs * -(-max_model_len // opts.block_size)
-    return _Encoder(EncoderRunner(model, pooling, config.vocab_size, device), num_blocks, max_model_len, config.vocab_size, dtype, pooling)
+    runner = EncoderRunner(model, pooling, config.vocab_size, device, separator)
+    return _Encoder(runner, num_blocks, max_model_len, config.vocab_size, dtype, pooling)
 
 
 @dataclass
@@ -263,6 +298,8 @@ def _pooling_info(pooling: PoolingConfig, causal: bool) -> PoolingInfo:
         causal=causal,
         is_matryoshka=pooling.is_matryoshka,
         matryoshka_dimensions=list(pooling.matryoshka_dimensions),
+        task=pooling.task,
+        activation=pooling.activation,
     )
 
 
@@ -335,7 +372,7 @@ def load_worker(
     device = resolve_device(opts.device)
     attention_backend = attention_backend or opts.attention_backend
     torch.manual_seed(opts.seed)
-    architecture = _config_architecture(model_dir) if model_dir.is_dir() else None
+    architecture = overridden_architecture(_config_architecture(model_dir) if model_dir.is_dir() else None, opts.hf_overrides or {})
     graph_class = graph_model_class(architecture)
 
     model_kwargs = opts.model_kwargs or {}
@@ -371,14 +408,15 @@ def load_worker(
                 f"{architecture or 'this directory'} is a plain LLM, which takes none"
             )
         hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a plain LLM)" if architecture else "a plain LLM")
-        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights, tp, pooling=runner_kind == "pooling")
+        tokens = opts.hf_overrides["classifier_from_token"] if architecture in DECODER_CLASSIFIERS else None
+        decoder = _load_decoder(opts, model_dir, device, attention_backend, fuse_weights, tp, pooling=runner_kind == "pooling", classifier_tokens=tokens)
         if decoder.pooling is not None:
             pooling_info = _pooling_info(decoder.pooling, causal=True)
         model: GraphModel = LLMGraphModel(decoder.max_model_len)
         graph = export_graph(model)
         hosted = [LLM_NODE]
         kv_node: str | None = LLM_NODE
-        architecture = decoder.config.architecture
+        architecture = architecture if tokens is not None else decoder.config.architecture
     else:
         if tp is not None:
             raise ConfigError(f"--tensor-parallel-size above 1 serves plain LLMs; {architecture} is a graph model")

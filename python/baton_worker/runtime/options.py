@@ -6,7 +6,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--device auto|cpu|cuda] [--seed S] [--load-format auto|dummy|dummy-null]
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
-    [--host-workers N] [--runner auto|generate|pooling]
+    [--host-workers N] [--runner auto|generate|pooling] [--hf-overrides JSON]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -81,6 +81,8 @@ class WorkerOptions:
     max_num_seqs: int = 256  # most rows of a decode step: the largest CUDA graph captured
     enforce_eager: bool = False  # no CUDA graphs: every step runs eagerly
     runner: str = "auto"  # generate | pooling | auto (model/pooling.py resolve_runner)
+    # vLLM's --hf-overrides: config.json as restated to serve a decoder as a reranker (model/pooling.py overridden_architecture).
+    hf_overrides: dict | None = None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -118,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--runner", default="auto", help="generate, pooling (embedding models) or auto (vLLM's --runner)")
+    p.add_argument("--hf-overrides", help="JSON object: config.json keys restated (vLLM's; a decoder served as Qwen3-Reranker)")
     return p
 
 
@@ -157,18 +160,20 @@ def parse_options(argv: list[str]) -> WorkerOptions:
     if args.nodes is not None:
         args.nodes = _node_list(args.nodes)
     if args.model_kwargs is not None:
-        args.model_kwargs = _model_kwargs(args.model_kwargs)
+        args.model_kwargs = _json_object("--model-kwargs", args.model_kwargs)
+    if args.hf_overrides is not None:
+        args.hf_overrides = _json_object("--hf-overrides", args.hf_overrides)
     return WorkerOptions(**vars(args))
 
 
-def _model_kwargs(value: str) -> dict:
+def _json_object(flag: str, value: str) -> dict:
     try:
-        kwargs = json.loads(value)
+        parsed = json.loads(value)
     except json.JSONDecodeError as e:
-        raise OptionsError(f"--model-kwargs is not JSON: {e}") from None
-    if not isinstance(kwargs, dict):
-        raise OptionsError(f"--model-kwargs must be a JSON object, got {type(kwargs).__name__}")
-    return kwargs
+        raise OptionsError(f"{flag} is not JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise OptionsError(f"{flag} must be a JSON object, got {type(parsed).__name__}")
+    return parsed
 
 
 def _node_list(value: str) -> list[str]:
