@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 11
+PROTOCOL_VERSION = 12
 
 
 @dataclass
@@ -56,6 +56,7 @@ class AddedRequest:
     sampling: SamplingParams
     prompt_logprobs: int = -1
     embeds: int = -1
+    lora_id: int = 0
 
 
 @dataclass
@@ -182,6 +183,19 @@ class KvWork:
 
 
 @dataclass
+class LoraLoad:
+    lora_id: int
+    name: str
+    path: str
+
+
+@dataclass
+class LoraWork:
+    loads: list[LoraLoad] = dataclasses.field(default_factory=lambda: [])
+    unloads: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+@dataclass
 class Step:
     """Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
 
@@ -207,7 +221,9 @@ class Step:
 
     mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
 
-    KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs."""
+    KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
+
+    lora (LoraWork, nil when the step carries none): LoRA adapters, loads before anything else in the step (lora_id >= 1 names the PEFT directory at path; a load that fails is answered in StepResult.lora_load_failed / lora_load_errors, one line naming the problem, and that id stays unknown); unloads after the step's removed (no request live after them may use the id). AddedRequest.lora_id is the adapter every row of that request runs with (0: the base model); a step's rows use at most the worker's --max-loras distinct adapters."""
 
     step_id: int
     added: list[AddedRequest]
@@ -221,6 +237,7 @@ class Step:
     mask_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     graph: GraphWork | None = None
     kv: KvWork | None = None
+    lora: LoraWork | None = None
 
 
 @dataclass
@@ -296,6 +313,8 @@ class StepResult:
     kv_load_errors: list[str] = dataclasses.field(default_factory=lambda: [])
     kv_bytes: int = 0
     pooled: np.ndarray | None = None
+    lora_load_failed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    lora_load_errors: list[str] = dataclasses.field(default_factory=lambda: [])
 
 
 @dataclass
@@ -310,7 +329,7 @@ class Fatal:
     message: str
 
 
-STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "PoolingInfo": PoolingInfo, "KvWork": KvWork}
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "PoolingInfo": PoolingInfo, "KvWork": KvWork, "LoraLoad": LoraLoad, "LoraWork": LoraWork}
 MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
@@ -339,6 +358,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("sampling", "struct", False, "SamplingParams"),
         ("prompt_logprobs", "int", False, None),
         ("embeds", "int", False, None),
+        ("lora_id", "int", False, None),
     ),
     "StepTimings": (
         ("prepare_ms", "float", False, None),
@@ -435,6 +455,15 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("loads", "struct[]", False, "KvTransfer"),
         ("cancels", "i32[]", False, None),
     ),
+    "LoraLoad": (
+        ("lora_id", "int", False, None),
+        ("name", "str", False, None),
+        ("path", "str", False, None),
+    ),
+    "LoraWork": (
+        ("loads", "struct[]", False, "LoraLoad"),
+        ("unloads", "i32[]", False, None),
+    ),
 }
 # name -> (tag, sender, fields)
 MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
@@ -454,6 +483,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("mask_rows", "i32[]", False, None),
             ("graph", "struct", True, "GraphWork"),
             ("kv", "struct", True, "KvWork"),
+            ("lora", "struct", True, "LoraWork"),
         ),
     ),
     "StepMask": (
@@ -517,6 +547,8 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("kv_load_errors", "str[]", False, None),
             ("kv_bytes", "int", False, None),
             ("pooled", "f32[]", True, None),
+            ("lora_load_failed", "i32[]", False, None),
+            ("lora_load_errors", "str[]", False, None),
         ),
     ),
     "Pong": (

@@ -40,6 +40,7 @@ class SimRequest:
     # AddedRequest.prompt_logprobs; what came back, per prompt position: (logprob, rank, top ids, top logprobs).
     prompt_logprobs: int = -1
     prompt_results: list[tuple[float, int, list[int], list[float]]] = field(default_factory=list)
+    lora_id: int = 0  # AddedRequest.lora_id: the adapter its rows run with (0: the base model)
 
     @property
     def output(self) -> list[int]:
@@ -47,8 +48,12 @@ class SimRequest:
 
 
 class EngineSim:
-    def __init__(self, runner, block_size: int, num_blocks: int, token_budget: int = 8, seed: int = 0, overlap: bool = False):
+    def __init__(self, runner, block_size: int, num_blocks: int, token_budget: int = 8, seed: int = 0, overlap: bool = False,
+                 max_loras: int | None = None):
+        """max_loras: as the engine's --max-loras, the most distinct adapters a step's rows use (a row that
+        would add one more waits)."""
         self.runner = runner
+        self.max_loras = max_loras
         self.overlap = overlap
         self.outstanding: list = []  # (launched step, its rows), oldest first
         self.overlapped = 0  # steps launched while another was outstanding
@@ -59,6 +64,7 @@ class EngineSim:
         self.token_budget = token_budget
         self.step_id = 0
         self.pending_removals: list[int] = []
+        self.pending_lora = None  # a LoraWork for the next step
         self.results: list[protocol.StepResult] = []
         self.steps: list[Step] = []
 
@@ -107,17 +113,23 @@ class EngineSim:
         prefills = [r for r in live if r not in decodes]
         budget = self.token_budget
         rows: list[tuple[SimRequest, int]] = []
+        adapters: set[int] = set()
         for r in decodes + prefills:
             count = min(known[r.req_id] - r.num_computed, budget)
             if count <= 0:
                 continue
+            if self.max_loras is not None and r.lora_id and r.lora_id not in adapters:
+                if len(adapters) >= self.max_loras:
+                    continue
+                adapters.add(r.lora_id)
             rows.append((r, count))
             budget -= count
         added = []
         for r, _ in rows:
             if not r.added:
                 r.added = True
-                added.append(AddedRequest(r.req_id, np.array(r.tokens, np.int32), len(r.prompt), r.sampling, r.prompt_logprobs))
+                added.append(AddedRequest(r.req_id, np.array(r.tokens, np.int32), len(r.prompt), r.sampling, r.prompt_logprobs,
+                                          lora_id=r.lora_id))
         counts, new_ids = [], []
         for r, count in rows:
             need = -(-(r.num_computed + count) // self.block_size) - len(r.blocks)
@@ -136,8 +148,10 @@ class EngineSim:
             new_block_counts=np.array(counts, np.int32),
             new_block_ids=np.array(new_ids, np.int32),
             sample=np.array(sample, np.uint8),
+            lora=self.pending_lora,
         )
         self.pending_removals = []
+        self.pending_lora = None
         self.steps.append(step)
         for (r, count), s in zip(rows, sample):
             r.num_computed += count

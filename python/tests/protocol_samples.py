@@ -7,6 +7,8 @@ import numpy as np
 from baton_worker.protocol import (
     AddedRequest,
     Fatal,
+    LoraLoad,
+    LoraWork,
     Ping,
     Pong,
     Ready,
@@ -50,6 +52,18 @@ def sample_messages() -> dict[str, object]:
             sample=np.array([1, 0], dtype=np.uint8),
         ),
         "step_empty": Step(0, [], i32(), i32(), i32(), i32(), i32(), i32(), np.zeros(0, np.uint8)),
+        "step_lora": Step(
+            step_id=9,
+            added=[AddedRequest(3, i32(5, 6), 2, greedy, lora_id=2)],
+            removed=i32(),
+            req_ids=i32(3),
+            num_new_tokens=i32(2),
+            num_computed=i32(0),
+            new_block_counts=i32(1),
+            new_block_ids=i32(4),
+            sample=np.array([1], dtype=np.uint8),
+            lora=LoraWork([LoraLoad(2, "sql", "/adapters/sql"), LoraLoad(3, "chat", "/adapters/chat")], i32(1)),
+        ),
         "ping": Ping(2**32 - 1),
         "ping_large": Ping(2**53 - 1),
         "shutdown": Shutdown(),
@@ -65,6 +79,10 @@ def sample_messages() -> dict[str, object]:
             timings=StepTimings(0.25, 3.0, 1e-3),
         ),
         "result_no_logprobs": StepResult(7, i32(1, 2), i32(5, 6), None, None, None, None, StepTimings(0, 0, 0)),
+        "result_lora_failed": StepResult(
+            9, i32(), i32(), None, None, None, None, StepTimings(0, 0, 0),
+            lora_load_failed=i32(3), lora_load_errors=["adapter chat (/adapters/chat): rank 64 exceeds --max-lora-rank 16"],
+        ),
         "pong": Pong(-5),
         "fatal": Fatal("unsupported architecture 'GPT2LMHeadModel' — ünïcode"),
     }

@@ -30,6 +30,8 @@ export interface DatasetOptions {
   seed: number;
   /** Required for random and sharegpt. */
   tokenizer: BenchTokenizer | null;
+  /** Without a tokenizer: where one was looked for (appended to the error that asks for --tokenizer). */
+  tokenizerTried?: string;
   randomInputLen: number;
   randomOutputLen: number;
   /** Lengths drawn uniformly from [len * (1 - r), len * (1 + r)]. */
@@ -51,6 +53,11 @@ class DatasetError extends Error {
     super(message);
     this.name = "DatasetError";
   }
+}
+
+/** Whether the dataset needs the model's tokenizer (random and sharegpt count tokens to build prompts). */
+export function needsTokenizer(name: DatasetName): boolean {
+  return name !== "custom";
 }
 
 /** Loads the tokenizer of a Hugging Face model directory, as `baton serve` would. */
@@ -77,7 +84,10 @@ export async function buildDataset(options: DatasetOptions): Promise<BenchPrompt
 }
 
 function needTokenizer(options: DatasetOptions): BenchTokenizer {
-  if (options.tokenizer === null) throw new DatasetError(`--dataset-name ${options.name} needs --tokenizer MODEL_DIR (the model's tokenizer)`);
+  if (options.tokenizer === null) {
+    const tried = options.tokenizerTried === undefined ? "" : `; without it, ${options.tokenizerTried}`;
+    throw new DatasetError(`--dataset-name ${options.name} needs --tokenizer MODEL_DIR (the model's tokenizer)${tried}`);
+  }
   return options.tokenizer;
 }
 

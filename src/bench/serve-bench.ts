@@ -2,8 +2,9 @@
 // Builds the prompts, checks the server with one test request (not measured,
 // its own distinct prompt), runs the workload, and returns vLLM's metrics.
 
-import { basename } from "node:path";
-import { buildDataset, loadBenchTokenizer, type BenchTokenizer, type DatasetName } from "./dataset.js";
+import { existsSync } from "node:fs";
+import { basename, join } from "node:path";
+import { buildDataset, loadBenchTokenizer, needsTokenizer, type BenchTokenizer, type DatasetName } from "./dataset.js";
 import { computeMetrics, type BenchMetrics } from "./metrics.js";
 import { describeNetworkError, StreamClient, type Endpoint } from "./openai-stream.js";
 import { buildRequest, runWorkload, withTrailingSlash, type RequestExtras, type RequestSettings } from "./request-driver.js";
@@ -23,7 +24,7 @@ export interface ServeBenchOptions {
   endpoint: Endpoint;
   /** null: the first model of GET /v1/models. */
   model: string | null;
-  /** A model directory for exact-length prompts (and token counts); null: none. */
+  /** A model directory for exact-length prompts (and token counts); null: the served model's directory (GET /v1/models' root) when it is here, else none. */
   tokenizer: string | null;
   datasetName: DatasetName;
   datasetPath: string | null;
@@ -73,14 +74,18 @@ function tokenizerFor(dir: string): BenchTokenizer {
 
 export async function runServeBench(options: ServeBenchOptions, log: (line: string) => void): Promise<ServeBenchRun> {
   const headers: Record<string, string> = options.apiKey === null ? {} : { authorization: `Bearer ${options.apiKey}` };
-  const model = options.model ?? (await firstServedModel(options.baseUrl, headers));
-  const tokenizer = options.tokenizer === null ? null : tokenizerFor(options.tokenizer);
+  const models = options.model === null ? await servedModels(options.baseUrl, headers, "; pass --model NAME") : null;
+  const model = options.model ?? firstModel(options.baseUrl, models ?? []);
+  const found = options.tokenizer !== null ? { dir: options.tokenizer } : await servedModelTokenizer(options, headers, model, models);
+  if (found.dir !== null && options.tokenizer === null) log(`tokenizer: ${found.dir} (the served model's directory, from GET /v1/models)`);
+  const tokenizer = found.dir === null ? null : tokenizerFor(found.dir);
   // One prompt more than measured: the test request gets its own, so it warms no prefix cache for the run.
   const prompts = await buildDataset({
     name: options.datasetName,
     count: options.numPrompts + 1,
     seed: options.seed,
     tokenizer,
+    tokenizerTried: found.tried,
     randomInputLen: options.randomInputLen,
     randomOutputLen: options.randomOutputLen,
     randomRangeRatio: options.randomRangeRatio,
@@ -112,7 +117,7 @@ export async function runServeBench(options: ServeBenchOptions, log: (line: stri
       baseUrl: options.baseUrl.href,
       endpoint: options.endpoint,
       model,
-      tokenizer: options.tokenizer,
+      tokenizer: found.dir,
       datasetName: options.datasetName,
       numPrompts: options.numPrompts,
       requestRate: options.requestRate,
@@ -130,9 +135,20 @@ export async function runServeBench(options: ServeBenchOptions, log: (line: stri
   }
 }
 
-/** GET /v1/models: the first model's id (vLLM's default when --model is not given). */
-async function firstServedModel(baseUrl: URL, headers: Record<string, string>): Promise<string> {
-  const url = new URL("v1/models", withTrailingSlash(baseUrl));
+/** A GET /v1/models card: vLLM's and Baton's carry `root` (the weights' directory) and `parent` (an adapter's base model). */
+interface ServedModel {
+  id: string;
+  root: string | null;
+  parent: string | null;
+}
+
+function modelsUrl(baseUrl: URL): URL {
+  return new URL("v1/models", withTrailingSlash(baseUrl));
+}
+
+/** GET /v1/models; a BenchError (`hint` appended to a bad status) when it cannot be read. */
+async function servedModels(baseUrl: URL, headers: Record<string, string>, hint: string): Promise<ServedModel[]> {
+  const url = modelsUrl(baseUrl);
   let response: Response;
   try {
     response = await fetch(url, { headers, signal: AbortSignal.timeout(10_000) });
@@ -141,16 +157,61 @@ async function firstServedModel(baseUrl: URL, headers: Record<string, string>): 
     throw new BenchError(`cannot reach ${baseUrl.href}: ${cause ? describeNetworkError(cause) : (error as Error).message}`);
   }
   const text = await response.text();
-  if (response.status !== 200) throw new BenchError(`GET ${url.href} answered HTTP ${response.status}; pass --model NAME`);
-  const id = (() => {
+  if (response.status !== 200) throw new BenchError(`GET ${url.href} answered HTTP ${response.status}${hint}`);
+  let data: unknown;
+  try {
+    data = (JSON.parse(text) as { data?: unknown }).data;
+  } catch {
+    data = undefined;
+  }
+  if (!Array.isArray(data)) return [];
+  const nonEmpty = (value: unknown): string | null => (typeof value === "string" && value !== "" ? value : null);
+  return data.flatMap((card: unknown) => {
+    if (typeof card !== "object" || card === null) return [];
+    const { id, root, parent } = card as Record<string, unknown>;
+    return typeof id === "string" ? [{ id, root: nonEmpty(root), parent: nonEmpty(parent) }] : [];
+  });
+}
+
+/** The first served model's id (vLLM's default when --model is not given). */
+function firstModel(baseUrl: URL, models: readonly ServedModel[]): string {
+  const first = models[0];
+  if (first === undefined) throw new BenchError(`GET ${modelsUrl(baseUrl).href} lists no model; pass --model NAME`);
+  return first.id;
+}
+
+/**
+ * Without --tokenizer, vLLM's bench uses the model's own tokenizer. Here: the
+ * served model's directory as GET /v1/models gives it (`root`; for an adapter,
+ * its base model's too), when that directory is on this machine with a
+ * tokenizer.json. Only for datasets that need a tokenizer; `tried` says what
+ * was looked at when nothing was found.
+ */
+async function servedModelTokenizer(
+  options: ServeBenchOptions,
+  headers: Record<string, string>,
+  model: string,
+  listed: ServedModel[] | null,
+): Promise<{ dir: string | null; tried?: string }> {
+  if (!needsTokenizer(options.datasetName)) return { dir: null };
+  const url = modelsUrl(options.baseUrl).href;
+  const tried = (detail: string): { dir: null; tried: string } => ({ dir: null, tried: `tried the served model's directory (its root in GET ${url}): ${detail}` });
+  let models = listed;
+  if (models === null) {
     try {
-      return (JSON.parse(text) as { data?: { id?: unknown }[] }).data?.[0]?.id;
-    } catch {
-      return undefined;
+      models = await servedModels(options.baseUrl, headers, "");
+    } catch (error) {
+      return tried((error as Error).message);
     }
-  })();
-  if (typeof id !== "string") throw new BenchError(`GET ${url.href} lists no model; pass --model NAME`);
-  return id;
+  }
+  const card = models.find((m) => m.id === model);
+  if (card === undefined) return tried(`${model} is not listed`);
+  const base = card.parent === null ? undefined : models.find((m) => m.id === card.parent);
+  const roots = [card.root, base?.root ?? null].filter((root): root is string => root !== null);
+  if (roots.length === 0) return tried(`${model} has no root`);
+  const dir = roots.find((root) => existsSync(join(root, "tokenizer.json")));
+  if (dir !== undefined) return { dir };
+  return tried(`no ${roots.map((root) => join(root, "tokenizer.json")).join(" nor ")} on this machine`);
 }
 
 /**

@@ -88,6 +88,24 @@ export interface ServeOptions {
   media: MediaOptions;
   /** How many bytes of stored responses (/v1/responses, store: true) are kept, and how long. */
   responsesStore: ResponseStoreOptions;
+  /** --enable-lora and its flags; null: LoRA off. */
+  lora: LoraOptions | null;
+}
+
+/** An adapter named on the command line (--lora-modules). */
+interface LoraModule {
+  name: string;
+  path: string;
+}
+
+interface LoraOptions {
+  modules: LoraModule[];
+  /** Most distinct adapters in one step (vLLM's --max-loras, default 1). */
+  maxLoras: number;
+  /** Highest rank an adapter may have (default 16). */
+  maxLoraRank: number;
+  /** /v1/load_lora_adapter and /v1/unload_lora_adapter are served (--allow-runtime-lora-updating, or vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=true). */
+  runtimeUpdates: boolean;
 }
 
 const SERVE_DEFAULTS = {
@@ -159,6 +177,11 @@ const SERVE_FLAGS = {
   "max-image-bytes": { type: "string" },
   "responses-store-max-bytes": { type: "string" },
   "responses-store-ttl": { type: "string" },
+  "enable-lora": { type: "boolean" },
+  "lora-modules": { type: "string", multiple: true },
+  "max-loras": { type: "string" },
+  "max-lora-rank": { type: "string" },
+  "allow-runtime-lora-updating": { type: "boolean" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -259,14 +282,28 @@ function choice<T extends string>(value: string | undefined, flag: string, allow
   return found;
 }
 
-/** vLLM accepts --max_model_len as well as --max-model-len. */
+/**
+ * vLLM accepts --max_model_len as well as --max-model-len, and several
+ * adapters after one --lora-modules (each name=path or a JSON object): those
+ * become one flag each, as parseArgs takes them.
+ */
 function normalizeFlagNames(args: readonly string[]): string[] {
-  return args.map((arg) => {
-    if (!arg.startsWith("--")) return arg;
+  const out: string[] = [];
+  let inLoraModules = false;
+  for (const arg of args) {
+    if (!arg.startsWith("--")) {
+      const adapter = /^[^/=][^=]*=/.test(arg) || arg.startsWith("{");
+      if (inLoraModules && adapter && out.at(-1) !== "--lora-modules") out.push("--lora-modules");
+      else if (!adapter) inLoraModules = false;
+      out.push(arg);
+      continue;
+    }
     const eq = arg.indexOf("=");
-    const name = eq < 0 ? arg : arg.slice(0, eq);
-    return name.replaceAll("_", "-") + (eq < 0 ? "" : arg.slice(eq));
-  });
+    const name = (eq < 0 ? arg : arg.slice(0, eq)).replaceAll("_", "-");
+    inLoraModules = name === "--lora-modules" && eq < 0;
+    out.push(name + (eq < 0 ? "" : arg.slice(eq)));
+  }
+  return out;
 }
 
 export interface ParsedServe {
@@ -364,8 +401,52 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
         maxBytes: intFlag(values["responses-store-max-bytes"], "responses-store-max-bytes", 0, RESPONSES_STORE_DEFAULTS.maxBytes),
         ttlMs: (secondsFlag(values["responses-store-ttl"], "responses-store-ttl", 1) ?? RESPONSES_STORE_DEFAULTS.ttlMs / 1000) * 1000,
       },
+      lora: loraOptions(values, env),
     },
   };
+}
+
+/** --enable-lora with its flags; the LoRA flags without it are refused, as vLLM does. */
+function loraOptions(values: { [k: string]: string | boolean | string[] | undefined }, env: NodeJS.ProcessEnv): LoraOptions | null {
+  const modules = (values["lora-modules"] as string[] | undefined) ?? [];
+  if (values["enable-lora"] !== true) {
+    const stray = ["lora-modules", "max-loras", "max-lora-rank", "allow-runtime-lora-updating"].find((f) => values[f] !== undefined);
+    if (stray !== undefined) throw new UsageError(`--${stray} needs --enable-lora`);
+    return null;
+  }
+  const parsed = modules.map((text) => loraModule(text.trim()));
+  const names = new Set<string>();
+  for (const m of parsed) {
+    if (names.has(m.name)) throw new UsageError(`--lora-modules names adapter ${m.name} twice`);
+    names.add(m.name);
+  }
+  const runtimeEnv = (env.VLLM_ALLOW_RUNTIME_LORA_UPDATING ?? "").toLowerCase();
+  return {
+    modules: parsed,
+    maxLoras: intFlag(values["max-loras"] as string | undefined, "max-loras", 1, 1),
+    maxLoraRank: intFlag(values["max-lora-rank"] as string | undefined, "max-lora-rank", 1, 16),
+    runtimeUpdates: values["allow-runtime-lora-updating"] === true || runtimeEnv === "true" || runtimeEnv === "1",
+  };
+}
+
+/** vLLM's two spellings: name=path, or a JSON object {"name": ..., "path": ...}. */
+function loraModule(text: string): LoraModule {
+  if (text.startsWith("{")) {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      throw new UsageError(`invalid value '${text}' for --lora-modules: expected name=path or a JSON object`);
+    }
+    const { name, path } = (parsed ?? {}) as { name?: unknown; path?: unknown };
+    if (typeof name !== "string" || typeof path !== "string" || name === "" || path === "") {
+      throw new UsageError(`invalid value '${text}' for --lora-modules: the JSON form needs "name" and "path" strings`);
+    }
+    return { name, path };
+  }
+  const eq = text.indexOf("=");
+  if (eq <= 0 || eq === text.length - 1) throw new UsageError(`invalid value '${text}' for --lora-modules: expected name=path`);
+  return { name: text.slice(0, eq), path: text.slice(eq + 1) };
 }
 
 /** --hf-overrides '{...}': a JSON object, passed to the worker as it is. */
@@ -454,6 +535,14 @@ Options (vLLM's names; --flag value or --flag=value):
                                    the worker's attention kernels (default auto: triton on
                                    CUDA, cpu on CPU)
   --enforce-eager                  no CUDA graphs: decode steps run eagerly
+  --enable-lora                    serve LoRA adapters (PEFT directories) over the base model;
+                                   a request picks one by its \`model\`
+  --lora-modules NAME=PATH ...     adapters to serve from the start (also vLLM's JSON form
+                                   '{"name": ..., "path": ...}'); listed in /v1/models
+  --max-loras N                    most distinct adapters in one step (default 1)
+  --max-lora-rank N                highest adapter rank accepted (default 16)
+  --allow-runtime-lora-updating    serve /v1/load_lora_adapter and /v1/unload_lora_adapter
+                                   (also VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, as vLLM)
   --no-enable-prefix-caching       turn prefix caching off
   --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
   --no-engine-thread               run the engine core on the HTTP server's event loop instead of

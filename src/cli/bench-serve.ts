@@ -49,7 +49,8 @@ Server:
   --model NAME             the model to request (default: the first of GET /v1/models)
   --tokenizer DIR          the model directory whose tokenizer makes prompts of exact
                            token lengths (needed by random and sharegpt; default: --model
-                           when it is a directory)
+                           when it is a directory, else the served model's directory from
+                           GET /v1/models (its root) when it is on this machine)
   --api-key KEY            sent as a bearer token (default: $OPENAI_API_KEY)
   --temperature T          sampling temperature (default 0)
 
@@ -366,7 +367,8 @@ function save(output: OutputArgs, defaultName: string, body: unknown): void {
 export async function runServeCommand(args: ServeBenchArgs): Promise<number> {
   try {
     const options = { ...args.options };
-    // vLLM's --tokenizer defaults to --model; here that works when the model name is a directory.
+    // vLLM's --tokenizer defaults to --model; here that works when the model name is a directory
+    // (otherwise runServeBench asks the server for the model's directory).
     if (options.tokenizer === null && options.model !== null && existsSync(join(options.model, "tokenizer.json"))) options.tokenizer = options.model;
     const run = await runServeBench(options, log);
     process.stdout.write(resultTable(run.info, run.metrics));

@@ -19,6 +19,7 @@ import { DataParallelEngine } from "../engine-host/data-parallel.js";
 import { ServingHealth } from "./serving-health.js";
 import { EngineStartError, type ServingEngine } from "../engine-host/types.js";
 import { buildServer, type BatonServer } from "../frontend/server.js";
+import { LoraCatalog } from "../frontend/lora-adapters.js";
 import { DashboardFeed } from "../frontend/dashboard/snapshot.js";
 import { serviceUnavailable } from "../frontend/openai-error.js";
 import { ChatTemplate, ChatTemplateError } from "../text/chat-template.js";
@@ -201,6 +202,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         enforceEager: options.enforceEager,
         runner: options.runner,
         hfOverrides: options.hfOverrides,
+        lora: options.lora === null ? undefined : { maxLoras: options.lora.maxLoras, maxLoraRank: options.lora.maxLoraRank },
         maxNumSeqs: options.maxNumSeqs,
         onLoadProgress: progressBar?.update,
         stepTimeoutMs: options.stepTimeoutS === null ? undefined : options.stepTimeoutS * 1000,
@@ -211,6 +213,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         enablePrefixCaching: options.enablePrefixCaching,
         asyncScheduling: options.asyncScheduling,
         maxRequestMigrations: options.maxRequestMigrations,
+        maxLoras: options.lora?.maxLoras ?? 0,
       },
       engineThread: options.engineThread,
       restart: { maxRestarts: options.maxWorkerRestarts },
@@ -242,6 +245,16 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
       requireTokenizer(info);
     } catch (error) {
       throw new ServeError((error as Error).message);
+    }
+  }
+  let lora: LoraCatalog | null = null;
+  if (options.lora !== null) {
+    lora = new LoraCatalog(engine, name, options.lora.runtimeUpdates);
+    try {
+      for (const m of options.lora.modules) await lora.load(m.name, m.path);
+    } catch (error) {
+      await engine.close().catch(() => {});
+      throw new ServeError(`--lora-modules: ${(error as Error).message}`);
     }
   }
   const dataParallel = engine instanceof DataParallelEngine ? engine : null;
@@ -289,6 +302,8 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     pooling: ready.pooling,
     media: options.media,
     responsesStore: options.responsesStore,
+    lora,
+    modelRoot: info.dir,
     numWaiting: () => liveEngine.stats.numWaiting,
     dashboard: new DashboardFeed({
       modelName: name,

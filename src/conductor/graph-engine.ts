@@ -20,6 +20,7 @@
 import { checkSubmittable, EMPTY_STATS, EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
 import { EngineOutputs, type OutputSink } from "../engine/outputs.js";
+import { LoraLoadError, type LoraAdapterRef } from "../engine/lora.js";
 import type { EngineRequest, RequestId, RequestOutput, StopConditions } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import { type CompiledClientOutput, type CompiledGraph, type CompiledNode } from "../graph/compile.js";
@@ -381,6 +382,13 @@ export class GraphEngine implements LaneListener {
   }
 
   private readonly admitAfterPrompt = new Map<RequestId, string[]>();
+
+  /** LoRA adapters apply to plain LLMs only (the worker refuses them for graph models too). */
+  loadLora(ref: LoraAdapterRef): Promise<void> {
+    return Promise.reject(new LoraLoadError(`adapter ${ref.name}: LoRA adapters are served for plain LLMs only, not for a graph of models`));
+  }
+
+  unloadLora(): void {}
 
   /** The client went away: everything the request holds is freed; its last output says "abort". */
   abort(requestId: RequestId): void {

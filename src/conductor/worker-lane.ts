@@ -270,5 +270,6 @@ function graphOnlyStep(): StepMessage {
     mask_rows: NO_INTS,
     graph: null,
     kv: null,
+    lora: null,
   };
 }

@@ -18,6 +18,7 @@ import type { WorkerHealthEvent } from "../worker/types.js";
 import { EMPTY_STATS, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
+import { LoraLoadError, type LoraAdapterRef } from "../engine/lora.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -171,7 +172,7 @@ export class DataParallelEngine implements ServingEngine {
 
   submit(req: EngineRequest, onOutput: OutputCallback): void {
     const serving = this.states.map((_, i) => this.serving(i));
-    const { replica, reason } = this.router.route(req.promptIds, serving, this.loads);
+    const { replica, reason } = this.router.route(routingKey(req), serving, this.loads);
     const state = this.states[replica] as ReplicaState;
     this.placement.set(req.id, replica);
     state.load++;
@@ -211,6 +212,19 @@ export class DataParallelEngine implements ServingEngine {
       }
       onEvent(event);
     });
+  }
+
+  /** On every replica: a request of the adapter may go to any of them. */
+  async loadLora(ref: LoraAdapterRef): Promise<void> {
+    const loads = await Promise.allSettled(this.replicas.map((r) => r.loadLora(ref)));
+    const failed = loads.find((l) => l.status === "rejected");
+    if (failed === undefined) return;
+    for (const r of this.replicas) r.unloadLora(ref.id);
+    throw failed.reason instanceof Error ? failed.reason : new LoraLoadError(String(failed.reason));
+  }
+
+  unloadLora(id: number): void {
+    for (const r of this.replicas) r.unloadLora(id);
   }
 
   abort(requestId: RequestId, reason?: "stop"): void {
@@ -265,4 +279,14 @@ export class DataParallelEngine implements ServingEngine {
     }
     for (const listener of this.listeners) listener({ ...event, replica });
   }
+}
+
+/**
+ * What the cache-aware router matches: the prompt, behind a mark of its LoRA
+ * adapter (a negative id no token has), so an adapter's requests meet the
+ * replica whose cache holds that adapter's prefixes, never another adapter's.
+ */
+export function routingKey(req: Pick<EngineRequest, "promptIds" | "loraId">): readonly number[] {
+  const lora = req.loraId ?? 0;
+  return lora === 0 ? req.promptIds : [-1 - lora, ...req.promptIds];
 }

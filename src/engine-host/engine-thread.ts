@@ -18,6 +18,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Worker } from "node:worker_threads";
 import { checkSubmittable, RequestRejectedError, type EngineConfig, type EngineStats, type SubmitLimits } from "../engine/engine-core.js";
 import { EngineOutputs } from "../engine/outputs.js";
+import { LoraLoadError, type LoraAdapterRef } from "../engine/lora.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
@@ -94,6 +95,9 @@ export class EngineThread implements ServingEngine {
   private state: "running" | "closing" | "closed" = "running";
   private closing: Promise<void> | null = null;
   private readonly exited: Promise<void>;
+  /** LoRA loads posted to the thread and not answered yet, by call id. */
+  private readonly loraCalls = new Map<number, { resolve(): void; reject(error: Error): void }>();
+  private nextCallId = 0;
   private readonly limits: SubmitLimits;
   readonly graph: CompiledGraph;
   private latestNodes: NodeStats[] = [];
@@ -245,6 +249,19 @@ export class EngineThread implements ServingEngine {
     this.post({ kind: "abort", id: requestId });
   }
 
+  loadLora(ref: LoraAdapterRef): Promise<void> {
+    if (this.state !== "running") return Promise.reject(new LoraLoadError(`adapter ${ref.name}: the engine is shutting down`));
+    const callId = this.nextCallId++;
+    return new Promise((resolve, reject) => {
+      this.loraCalls.set(callId, { resolve, reject });
+      this.post({ kind: "lora-load", callId, ref });
+    });
+  }
+
+  unloadLora(id: number): void {
+    if (this.state === "running") this.post({ kind: "lora-unload", id });
+  }
+
   onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void {
     this.workerListeners.push(listener);
   }
@@ -265,6 +282,8 @@ export class EngineThread implements ServingEngine {
     this.state = "closed";
     // Whatever the engine did not end (it was terminated) ends here.
     this.outputs.failAll("the engine was shut down", "abort");
+    for (const call of this.loraCalls.values()) call.reject(new LoraLoadError("the engine was shut down"));
+    this.loraCalls.clear();
   }
 
   // ------------------------------------------------------------ from the thread
@@ -283,6 +302,13 @@ export class EngineThread implements ServingEngine {
       case "thread-failed":
         this.outputs.failAll(message.message);
         break;
+      case "lora-loaded": {
+        const call = this.loraCalls.get(message.callId);
+        this.loraCalls.delete(message.callId);
+        if (message.error === null) call?.resolve();
+        else call?.reject(new LoraLoadError(message.error));
+        break;
+      }
       case "closed":
       case "ready":
       case "start-failed":

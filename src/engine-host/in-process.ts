@@ -7,6 +7,7 @@ import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from
 import { RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import { StepTimingRing } from "../engine/step-timings.js";
 import { stepMasks } from "../engine/step-masks.js";
+import type { LoraAdapterRef } from "../engine/lora.js";
 import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
 import type { StepExecutor } from "../worker/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
@@ -115,6 +116,14 @@ export class InProcessEngine implements ServingEngine {
 
   abort(requestId: RequestId): void {
     this.engine.abort(requestId);
+  }
+
+  loadLora(ref: LoraAdapterRef): Promise<void> {
+    return this.engine.loadLora(ref);
+  }
+
+  unloadLora(id: number): void {
+    this.engine.unloadLora(id);
   }
 
   nodeStats(): NodeStats[] {

@@ -16,6 +16,7 @@ import type { RestartPolicy } from "../worker/supervisor.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { OutputBatch } from "../engine/outputs.js";
 import type { EngineRequest, RequestId } from "../engine/types.js";
+import type { LoraAdapterRef } from "../engine/lora.js";
 import type { MessagePort } from "node:worker_threads";
 import type { ReadyMessage } from "../transport/messages.js";
 import type { WorkerExit, WorkerOptions } from "../worker/types.js";
@@ -65,7 +66,19 @@ interface ExitNowMessage {
   done: SharedArrayBuffer;
 }
 
-export type MainToEngineMessage = SubmitMessage | SubmitGraphMessage | AbortMessage | CloseMessage | ExitNowMessage;
+/** Load a LoRA adapter; answered by a lora-loaded message with the same callId. */
+interface LoraLoadMessage {
+  kind: "lora-load";
+  callId: number;
+  ref: LoraAdapterRef;
+}
+
+interface LoraUnloadMessage {
+  kind: "lora-unload";
+  id: number;
+}
+
+export type MainToEngineMessage = SubmitMessage | SubmitGraphMessage | AbortMessage | LoraLoadMessage | LoraUnloadMessage | CloseMessage | ExitNowMessage;
 
 // ------------------------------------------------------------ engine -> main
 
@@ -149,6 +162,13 @@ interface ClosedMessage {
   kind: "closed";
 }
 
+/** A lora-load's answer: error null when every worker of the model has the adapter. */
+interface LoraLoadedMessage {
+  kind: "lora-loaded";
+  callId: number;
+  error: string | null;
+}
+
 export type EngineToMainMessage =
   | LoadProgressMessage
   | ThreadReadyMessage
@@ -156,4 +176,5 @@ export type EngineToMainMessage =
   | OutputsMessage
   | WorkerEventMessage
   | ThreadFailedMessage
+  | LoraLoadedMessage
   | ClosedMessage;

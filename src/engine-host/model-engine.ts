@@ -13,6 +13,7 @@ import { GraphEngine, type GraphEngineOptions, type GraphEventCallback, type Gra
 import { WorkerLane, type LaneListener } from "../conductor/worker-lane.js";
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
+import { LoraLoadError, type LoraAdapterRef } from "../engine/lora.js";
 import type { EngineRequest, RequestId } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import { DisaggregatedCore, kvNodeRanks } from "../kv-connector/disaggregated-core.js";
@@ -29,6 +30,10 @@ export interface ModelEngine {
   /** A request for the graph's own outputs (audio, images). */
   submitGraph(req: GraphRequest, onEvent: GraphEventCallback): void;
   abort(requestId: RequestId): void;
+  /** Loads a LoRA adapter on every engine core of the model (rejects with LoraLoadError naming the problem). */
+  loadLora(ref: LoraAdapterRef): Promise<void>;
+  /** New requests may no longer use the adapter; the workers drop it once its requests end. */
+  unloadLora(id: number): void;
   nodeStats(): NodeStats[];
   takeStepSamples(): NodeStepSample[];
   heldTensors(): number;
@@ -136,6 +141,19 @@ class LlmEngine implements ModelEngine {
 
   abort(requestId: RequestId): void {
     this.engine.abort(requestId);
+  }
+
+  async loadLora(ref: LoraAdapterRef): Promise<void> {
+    const loads = await Promise.allSettled(this.cores.map((c) => c.core.loadLora(ref)));
+    const failed = loads.find((l) => l.status === "rejected");
+    if (failed === undefined) return;
+    // All or nothing: a core that took it lets it go again.
+    for (const c of this.cores) c.core.unloadLora(ref.id);
+    throw failed.reason instanceof Error ? failed.reason : new LoraLoadError(String(failed.reason));
+  }
+
+  unloadLora(id: number): void {
+    for (const c of this.cores) c.core.unloadLora(id);
   }
 
   /** The engine's own stats say all there is: a plain LLM has no graph nodes to report. */

@@ -222,6 +222,20 @@ port.on("message", (message: MainToEngineMessage) => {
       break;
     case "abort":
       core?.abort(message.id);
+      // The stats the main thread reads (held tensors, free blocks) change with an abort too.
+      outbox?.schedule();
+      break;
+    case "lora-load": {
+      const { callId, ref } = message;
+      const loaded = core === null ? Promise.reject(new Error("the engine is not running")) : core.loadLora(ref);
+      loaded.then(
+        () => post({ kind: "lora-loaded", callId, error: null }),
+        (error: Error) => post({ kind: "lora-loaded", callId, error: error.message }),
+      );
+      break;
+    }
+    case "lora-unload":
+      core?.unloadLora(message.id);
       break;
     case "close":
       void close();

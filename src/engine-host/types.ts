@@ -6,6 +6,7 @@ import type { RouterOptions } from "../router/router.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { EngineConfig } from "../engine/engine-core.js";
 import type { EngineHandle } from "../engine/types.js";
+import type { LoraAdapterRef } from "../engine/lora.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { EngineStatsSource } from "../observability/metrics.js";
 import type { GrammarService } from "../structured/grammar-service.js";
@@ -35,6 +36,10 @@ export interface ServingEngine extends EngineHandle, EngineStatsSource {
   takeNodeSteps(): NodeStepSample[];
   /** Tensors the control plane refers to, as of the last step (leak checks). */
   readonly heldTensors: number;
+  /** Loads a LoRA adapter on every worker (rejects with LoraLoadError naming the problem). */
+  loadLora(ref: LoraAdapterRef): Promise<void>;
+  /** New requests may no longer use the adapter; the workers drop it once its requests end. */
+  unloadLora(id: number): void;
   /** Every worker death, restart and give-up (not a shutdown), for health, logs and the dashboard. */
   onWorkerEvent(listener: (event: WorkerHealthEvent) => void): void;
   /** Ends live requests ("abort"), then shuts the model worker down. Idempotent. */

@@ -11,8 +11,18 @@ import type { MediaSpan } from "./types.js";
 const TWO_32 = 0x1_0000_0000;
 const HI_MASK = 0x1f_ffff; // 21 bits: 21 + 32 = 53
 
-/** Parent hash of a request's first block. */
+/** Parent hash of a base-model request's first block. */
 export const ROOT_HASH = 0;
+
+/**
+ * Parent hash of the first block of a request that runs with LoRA adapter
+ * `loraId` (0: the base model). The adapter changes every layer's K/V, so its
+ * blocks must never serve another adapter's prompt, nor the base model's.
+ * Adapter ids are never reused within a server's life.
+ */
+export function rootHashOf(loraId: number): number {
+  return loraId === 0 ? ROOT_HASH : hashBlock(ROOT_HASH, [0x10ad, loraId], 0, 2);
+}
 
 function mix(h: number, k: number): number {
   k = Math.imul(k, 0xcc9e2d51);
@@ -62,9 +72,10 @@ export function extendBlockHashes(
   blockSize: number,
   numBlocks: number,
   media: readonly MediaSpan[] = NO_MEDIA,
+  root = ROOT_HASH,
 ): void {
   for (let i = hashes.length; i < numBlocks; i++) {
-    const parent = i === 0 ? ROOT_HASH : (hashes[i - 1] as number);
+    const parent = i === 0 ? root : (hashes[i - 1] as number);
     const hash = hashBlock(parent, tokenIds, i * blockSize, blockSize);
     hashes.push(media.length === 0 ? hash : withMedia(hash, media, i * blockSize, blockSize));
   }

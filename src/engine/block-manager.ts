@@ -14,7 +14,7 @@
 // The scheduler talks to the KVCacheManager interface only, so a radix tree
 // can replace the hash chain without touching it.
 
-import { extendBlockHashes, ROOT_HASH } from "./block-hash.js";
+import { extendBlockHashes } from "./block-hash.js";
 import type { Request } from "./request.js";
 
 export interface BlockCounts {
@@ -117,12 +117,12 @@ export class BlockManager implements KVCacheManager {
     const hits: number[] = [];
     if (!this.enablePrefixCaching || this.cachedBlockByHash.size === 0) return hits;
     const maxBlocks = Math.floor((request.numTokens - 1) / this.blockSize);
-    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, maxBlocks, request.media);
+    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, maxBlocks, request.media, request.rootHash);
     for (let i = 0; i < maxBlocks; i++) {
       const hash = request.blockHashes[i] as number;
       const block = this.cachedBlockByHash.get(hash);
       if (block === undefined) break;
-      const parent = i === 0 ? ROOT_HASH : (request.blockHashes[i - 1] as number);
+      const parent = i === 0 ? request.rootHash : (request.blockHashes[i - 1] as number);
       if (!this.holdsTokens(block, parent, request.tokenIds, i * this.blockSize)) break;
       hits.push(block);
     }
@@ -157,7 +157,7 @@ export class BlockManager implements KVCacheManager {
     if (!this.enablePrefixCaching) return;
     const numFull = Math.min(Math.floor(numComputedTokens / this.blockSize), request.blockIds.length);
     if (numFull <= request.numCommittedBlocks) return;
-    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, numFull, request.media);
+    extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, numFull, request.media, request.rootHash);
     for (let i = request.numCommittedBlocks; i < numFull; i++) {
       const block = request.blockIds[i] as number;
       const hash = request.blockHashes[i] as number;
@@ -165,7 +165,7 @@ export class BlockManager implements KVCacheManager {
       if (this.blockHash[block] !== NO_HASH || this.cachedBlockByHash.has(hash)) continue;
       this.cachedBlockByHash.set(hash, block);
       this.blockHash[block] = hash;
-      this.blockParentHash[block] = i === 0 ? ROOT_HASH : (request.blockHashes[i - 1] as number);
+      this.blockParentHash[block] = i === 0 ? request.rootHash : (request.blockHashes[i - 1] as number);
       const start = i * this.blockSize;
       for (let j = 0; j < this.blockSize; j++) this.blockTokens[block * this.blockSize + j] = request.tokenIds[start + j] as number;
     }

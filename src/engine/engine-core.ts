@@ -89,6 +89,7 @@ import { Scheduler, type KvLoad, type SchedulerOutput } from "./scheduler.js";
 import { collectPromptLogprobs, tokenLogprob } from "./logprobs.js";
 import { WorkerLossRecovery } from "./recovery.js";
 import { buildStepMessage } from "./step-builder.js";
+import { LoraAdapters, LoraLoadError, type LoraAdapterRef } from "./lora.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "./step-masks.js";
@@ -234,6 +235,8 @@ export class EngineCore {
   private readonly held = new Map<RequestId, Request>();
   private readonly kvLoads: KvLoadListener | null;
   private numKvTransferBytes = 0;
+  /** LoRA adapters on the worker (--max-loras > 0). */
+  private readonly adapters = new LoraAdapters();
 
   constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions) {
     this.masks = options.masks ?? null;
@@ -245,6 +248,7 @@ export class EngineCore {
     const caches = (config.enablePrefixCaching ?? true) && executor.ready.pooling?.causal !== false;
     this.blockManager = new BlockManager(config.numBlocks, config.blockSize, caches);
     this.scheduler = new Scheduler(config, this.blockManager);
+    this.scheduler.loraReady = (id) => this.adapters.ready(id);
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
     this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
     this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
@@ -281,6 +285,7 @@ export class EngineCore {
     this.validate(req);
     const request = new Request(req);
     this.requests.set(request.id, request);
+    this.adapters.requestStarted(request.loraId);
     this.scheduler.addRequest(request);
     this.wake();
   }
@@ -315,6 +320,7 @@ export class EngineCore {
     this.lostReason ??= this.goneReason;
     this.pendingAborts = [];
     this.recovery.clear();
+    this.adapters.failAll(this.goneReason);
     const live = [...this.requests.values()];
     for (const request of live) this.finish(request);
     this.blockManager.resetPrefixCache();
@@ -337,12 +343,31 @@ export class EngineCore {
   /** Ends live requests ("abort"), refuses new ones, resolves once no step is running. */
   async close(): Promise<void> {
     this.closed = true;
+    this.adapters.failAll("the engine is shutting down");
     for (const id of [...this.requests.keys()]) {
       if (this.inFlight.length > 0) this.pendingAborts.push(id);
       else this.finishAborted(id, "the engine is shutting down");
     }
     this.flushOutputs();
     await this.loopDone;
+  }
+
+  /**
+   * Loads a LoRA adapter on the worker (with the next step, ahead of its rows);
+   * resolves once the worker has it, rejects with LoraLoadError naming the problem.
+   */
+  loadLora(ref: LoraAdapterRef): Promise<void> {
+    if ((this.config.maxLoras ?? 0) === 0) return Promise.reject(new LoraLoadError(`adapter ${ref.name}: LoRA is off (--enable-lora)`));
+    if (this.closed || this.goneReason !== null) return Promise.reject(new LoraLoadError(`adapter ${ref.name}: ${this.goneReason ?? "the engine is shutting down"}`));
+    const loaded = this.adapters.load(ref);
+    this.wake();
+    return loaded;
+  }
+
+  /** New requests may no longer use the adapter; the worker drops it once the requests using it end. */
+  unloadLora(id: number): void {
+    this.adapters.unload(id);
+    this.wake();
   }
 
   /** Blocks of a held producer request (KV connector): what the peer loads. Null when none is held under `requestId`. */
@@ -373,8 +398,13 @@ export class EngineCore {
 
   // ------------------------------------------------------------ step loop
 
+  /** Whether a step must go out: requests to run, or adapters to load or unload. */
+  private get hasWork(): boolean {
+    return this.scheduler.hasUnfinished || this.adapters.hasWork;
+  }
+
   private wake(): void {
-    if (this.looping || this.lostReason !== null || !this.scheduler.hasUnfinished) return;
+    if (this.looping || this.lostReason !== null || !this.hasWork) return;
     this.looping = true;
     this.loopDone = this.runLoop();
   }
@@ -386,14 +416,14 @@ export class EngineCore {
         this.recovery.releaseNext(this.scheduler);
         // Keep the worker fed: with overlap, step N+1 goes out before N's result is awaited.
         // (A new executor waits until nothing is in flight on the old one; a lost one gets nothing.)
-        while (this.inFlight.length < this.maxInFlight && this.nextExecutor === null && this.lostReason === null && this.scheduler.hasUnfinished) {
+        while (this.inFlight.length < this.maxInFlight && this.nextExecutor === null && this.lostReason === null && this.hasWork) {
           if (!this.launch()) break;
         }
         const head = this.inFlight[0];
         if (head === undefined) {
           // Decided synchronously with the exit, so a submit can never fall between them.
           // While the worker is lost, replaceExecutor() wakes the loop again.
-          if (!this.scheduler.hasUnfinished || this.lostReason !== null) break;
+          if (!this.hasWork || this.lostReason !== null) break;
           continue;
         }
         await this.complete(head);
@@ -416,13 +446,14 @@ export class EngineCore {
     const t1 = performance.now();
     // Remote loads outstanding and nothing in flight: a step with no rows asks the worker how they stand.
     const pollLoads = this.scheduler.loading.size > 0 && this.inFlight.length === 0;
-    if (out.requests.length === 0 && out.kvLoads.length === 0 && !pollLoads) {
+    if (out.requests.length === 0 && out.kvLoads.length === 0 && !pollLoads && !this.adapters.hasWork) {
       // With a step in flight this is normal (every running request waits for a token that ends it).
       if (this.inFlight.length > 0) this.scheduler.deferRemoved(out.removed, out.kvCancels);
       else this.failUnschedulable(out);
       return false;
     }
-    const message = buildStepMessage(out, this.nextStepId++);
+    const stepId = this.nextStepId++;
+    const message = buildStepMessage(out, stepId, this.adapters.takeWork(stepId));
     const masks = this.masks?.plan(out.requests, message) ?? null;
     const t2 = performance.now();
     // In flight from here on: an abort coming in while the executor takes the step waits for its result.
@@ -449,6 +480,7 @@ export class EngineCore {
       checkResult(step.message, result, this.executor.ready.pooling?.dimensions ?? null);
     } catch (error) {
       this.inFlight.shift();
+      this.adapters.stepLost(step.message, firstLine((error as Error).message ?? String(error)));
       if (this.migrates && (error instanceof ExecutorLostError || this.lostReason !== null)) {
         this.lostReason ??= firstLine((error as Error).message);
         await this.drainLost(step);
@@ -462,11 +494,19 @@ export class EngineCore {
     }
     this.inFlight.shift();
     this.recovery.stepAnswered(step.out.added);
+    const failedAdapters = this.adapters.stepAnswered(step.message, result);
     const t3 = performance.now();
     this.scheduler.updateAfterStep(step.out);
     if (result.kv_loaded.length > 0 || result.kv_load_failed.length > 0) this.applyLoadResults(result);
     this.applyPendingAborts();
     this.processResult(step.out, step.message, result);
+    // A reload on a restarted worker failed: the requests waiting for that adapter cannot run.
+    if (failedAdapters.size > 0) {
+      for (const request of [...this.requests.values()]) {
+        const why = failedAdapters.get(request.loraId);
+        if (why !== undefined) this.finishFailed(request.id, why);
+      }
+    }
     // The next step's constrained rows can have their masks now (the worker is running its forward pass).
     const next = this.inFlight[0];
     if (next?.masks && !next.masks.started) this.runMasks(next.masks);
@@ -498,6 +538,7 @@ export class EngineCore {
     while (this.inFlight.length > 0) {
       const step = this.inFlight.shift() as InFlightStep;
       await step.result.catch(() => undefined);
+      this.adapters.stepLost(step.message, "the model worker died");
       this.recovery.noteLostStep(step.out.added);
     }
     this.recoverFromLoss();
@@ -534,6 +575,7 @@ export class EngineCore {
       // A worker still alive must not wait for masks that would never come.
       if (step.masks !== null) this.masks?.abandon(step.masks, this.executor);
       await step.result.catch(() => undefined);
+      this.adapters.stepLost(step.message, "the step failed");
       this.scheduler.deferRemoved(step.out.removed, step.out.kvCancels);
     }
     // Aborts that came in meanwhile name requests failAll already ended (or new ones).
@@ -617,6 +659,7 @@ export class EngineCore {
   // ------------------------------------------------------------ endings
 
   private finish(request: Request, hold = false): void {
+    this.adapters.requestEnded(request.loraId);
     this.scheduler.finishRequest(request, hold);
     if (hold) this.held.set(request.id, request);
     this.requests.delete(request.id);
@@ -706,6 +749,8 @@ export class EngineCore {
     if (this.closed) throw new RequestRejectedError(`request ${req.id}: the engine is shutting down`);
     if (this.goneReason !== null) throw new RequestRejectedError(`request ${req.id}: ${this.goneReason}`);
     if (this.requests.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
+    const lora = req.loraId ?? 0;
+    if (lora !== 0 && !this.adapters.usable(lora)) throw new RequestRejectedError(`request ${req.id}: LoRA adapter ${lora} is not loaded`);
     if (req.grammar != null && !this.takesGrammars) throw new RequestRejectedError(`request ${req.id}: structured outputs are not available on this engine`);
     const pooling = this.executor.ready.pooling !== null;
     if ((req.pooling != null) !== pooling) {
@@ -732,6 +777,7 @@ export class EngineCore {
     this.scheduler.resetWorkerState();
     this.lostReason = null;
     this.recovery.workerSwapped();
+    this.adapters.workerReplaced();
   }
 }
 

@@ -4,6 +4,7 @@
 
 import type { RequestGrammar } from "../structured/answer-phase.js";
 import type { SamplingParams } from "../transport/messages.js";
+import { rootHashOf } from "./block-hash.js";
 import type { PoolingTraits } from "./pooling.js";
 import type { EngineRequest, KvTransferParams, MediaSpan, PromptTokenLogprob, RequestId, StopConditions } from "./types.js";
 
@@ -87,6 +88,10 @@ export class Request {
   kvTransferId = -1;
   /** A pooling model's request (EngineRequest.pooling); null: it generates. */
   readonly pooling: PoolingTraits | null;
+  /** The LoRA adapter its rows run with (0: the base model). */
+  readonly loraId: number;
+  /** Parent hash of its first block: the adapter's own (block-hash.ts rootHashOf). */
+  readonly rootHash: number;
 
   constructor(req: EngineRequest) {
     this.id = req.id;
@@ -110,6 +115,8 @@ export class Request {
     this.numWorkerPromptTokens = this.kvTransfer?.role === "consumer" ? Math.min(this.kvTransfer.numTokens, this.numPromptTokens) : this.numPromptTokens;
     this.kvLoad = this.kvTransfer?.role === "consumer" ? "pending" : "none";
     this.pooling = req.pooling ?? null;
+    this.loraId = req.loraId ?? 0;
+    this.rootHash = rootHashOf(this.loraId);
   }
 
   /** Whether prefix-cache hits may serve its prompt: not while it needs prompt logprobs, nor for pooling that reads every position. */

@@ -80,6 +80,8 @@ export class Scheduler {
 
   /** Requests waiting for their remote KV, by transfer id. */
   readonly loading = new Map<number, Request>();
+  /** Whether the worker has a LoRA adapter (its requests wait until it does); set by the engine core. */
+  loraReady: (loraId: number) => boolean = () => true;
   private nextTransferId = 0;
   private pendingCancels: number[] = [];
   private pendingRemoved: RequestId[] = [];
@@ -281,8 +283,22 @@ export class Scheduler {
 
   private admitWaiting(out: SchedulerOutput, budget: number): void {
     const blockSize = this.kv.blockSize;
-    while (this.waiting.length > 0 && budget > 0 && this.running.length + this.loading.size < this.config.maxNumSeqs) {
-      const request = this.waiting[0] as Request;
+    const adapters = (this.config.maxLoras ?? 0) > 0 ? this.runningAdapters() : null;
+    // Index of the request considered: a request whose adapter cannot join the running ones is passed over, not waited on.
+    let at = 0;
+    while (at < this.waiting.length && budget > 0 && this.running.length + this.loading.size < this.config.maxNumSeqs) {
+      const request = this.waiting[at] as Request;
+      if (request.loraId !== 0 && !this.loraReady(request.loraId)) {
+        at++;
+        continue;
+      }
+      if (adapters !== null && request.loraId !== 0 && !adapters.has(request.loraId)) {
+        if (adapters.size >= (this.config.maxLoras as number)) {
+          at++;
+          continue;
+        }
+        adapters.add(request.loraId);
+      }
       // Preempted with a sampled token still in flight: wait for it (its tokens must be complete when re-added).
       if (request.numInFlightSamples > 0) break;
       if (request.kvLoad === "pending") {
@@ -298,7 +314,7 @@ export class Scheduler {
       const numNew = Math.min(request.numTokens - numCachedTokens, budget);
       if (numNew < request.numTokens - numCachedTokens && request.pooling?.wholePrompt === true) break;
       if (!this.kv.allocate(request, numCachedTokens + numNew, cached)) break;
-      this.waiting.shift();
+      this.waiting.splice(at, 1);
       if (request.numCachedTokens < 0) {
         // First admission only: a resumed request's hits are its own earlier blocks.
         request.numCachedTokens = numCachedTokens;
@@ -314,6 +330,14 @@ export class Scheduler {
       this.running.push(request);
       budget -= this.pushRow(out, request, numNew);
     }
+  }
+
+  /** The LoRA adapters of the running and loading requests (what this step's rows may use already). */
+  private runningAdapters(): Set<number> {
+    const ids = new Set<number>();
+    for (const r of this.running) if (r.loraId !== 0) ids.add(r.loraId);
+    for (const r of this.loading.values()) if (r.loraId !== 0) ids.add(r.loraId);
+    return ids;
   }
 
   /**
@@ -333,7 +357,7 @@ export class Scheduler {
       return false;
     }
     if (!this.kv.allocate(request, params.numTokens, cached)) return null;
-    this.waiting.shift();
+    this.waiting.splice(this.waiting.indexOf(request), 1);
     if (request.numCachedTokens < 0) {
       request.numCachedTokens = cached.length * blockSize;
       request.firstScheduledMs = performance.now();

@@ -4,11 +4,12 @@
 // worker has). Per-row arrays are views into one buffer: one allocation per
 // step, sized by rows and new blocks, never by total tokens.
 
-import type { AddedRequest, KvTransfer, StepMessage } from "../transport/messages.js";
+import type { AddedRequest, KvTransfer, LoraWork, StepMessage } from "../transport/messages.js";
 import type { Request } from "./request.js";
 import type { KvLoad, SchedulerOutput } from "./scheduler.js";
 
-export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMessage {
+/** lora: the adapter loads and unloads that go first (engine/lora.ts); null: none. */
+export function buildStepMessage(out: SchedulerOutput, stepId: number, lora: LoraWork | null = null): StepMessage {
   const numRows = out.requests.length;
   let numNewBlocks = 0;
   for (const request of out.requests) numNewBlocks += request.blockIds.length - request.numSentBlocks;
@@ -55,6 +56,7 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number): StepMess
     graph: null,
     // KV connector: loads and cancels are this engine's own; a prefill worker's sends are attached by its lane.
     kv: out.kvLoads.length === 0 && out.kvCancels.length === 0 ? null : { sends: [], loads: out.kvLoads.map(kvLoadOf), cancels: Int32Array.from(out.kvCancels) },
+    lora,
   };
 }
 
@@ -79,5 +81,6 @@ function addedRequest(request: Request): AddedRequest {
     sampling: request.sampling,
     prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
     embeds: request.embeds,
+    lora_id: request.loraId,
   };
 }

@@ -64,6 +64,8 @@ export interface EngineRequest {
    * when the worker is a pooling model (poolingTraits of its Ready.pooling).
    */
   pooling?: PoolingTraits | null;
+  /** The LoRA adapter it runs with (an id the engine loaded); 0 or absent: the base model. */
+  loraId?: number;
 }
 
 /** One image's run of tokens in a prompt. */
@@ -164,4 +166,6 @@ export interface SchedulerConfig {
   maxModelLen: number;
   blockSize: number;
   numBlocks: number;
+  /** --max-loras: most distinct LoRA adapters among the running requests (a step's rows); 0 or absent: LoRA off. */
+  maxLoras?: number;
 }

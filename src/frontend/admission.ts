@@ -15,7 +15,21 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { ApiError } from "./openai-error.js";
 
 /** POST routes that queue work in the engine. */
-const GENERATION_ROUTES: ReadonlySet<string> = new Set(["/v1/completions", "/v1/chat/completions", "/v1/responses", "/generate", "/v1/audio/speech", "/v1/images/generations"]);
+const GENERATION_ROUTES: ReadonlySet<string> = new Set([
+  "/v1/completions",
+  "/v1/chat/completions",
+  "/v1/responses",
+  "/generate",
+  "/v1/audio/speech",
+  "/v1/images/generations",
+  // Pooling: prefill-only work, queued in the same engine (and waited for by a drain).
+  "/v1/embeddings",
+  "/score",
+  "/v1/score",
+  "/rerank",
+  "/v1/rerank",
+  "/v2/rerank",
+]);
 
 /** Seconds a client should wait before retrying a 429 (queue full). */
 const RETRY_AFTER_BUSY_S = 1;

@@ -11,6 +11,7 @@ import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
 import type { VisionPrompt } from "../config/model-dir.js";
 import type { MediaOptions } from "./media.js";
+import type { LoraCatalog } from "./lora-adapters.js";
 
 /** What the frontend needs of the grammar engine (GrammarService). */
 export interface GrammarCompiling {
@@ -43,6 +44,8 @@ export interface FrontendContext {
   vision: VisionPrompt | null;
   /** What image parts may load. */
   media: MediaOptions;
+  /** --enable-lora: the adapters a request's \`model\` may name; null: LoRA off. */
+  adapters: LoraCatalog | null;
   /** null while requests can be served; otherwise why not (503). */
   unavailableReason(): string | null;
   /** A request carried fields this route ignores (logged once per field name). */

@@ -8,8 +8,9 @@ import type { ServerResponse } from "node:http";
 import { performance } from "node:perf_hooks";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { normalizeMessages, ChatTemplateError } from "../text/chat-template.js";
+import { normalizeMessages, ChatTemplateError, type ImagePart } from "../text/chat-template.js";
 import { renderChatPrompt } from "./chat-completions.js";
+import { expandImageTokens, loadImages } from "./media.js";
 import type { FrontendContext } from "./context.js";
 import type { ResolvedLogprob } from "./generation.js";
 import { badRequest, type OpenAIErrorBody } from "./openai-error.js";
@@ -94,8 +95,10 @@ export async function handleTokenize(ctx: FrontendContext, request: FastifyReque
     const req = parsed.data;
     checkModel(ctx, req.model ?? null);
     let messages;
+    // Image parts become the model's placeholder, expanded below to its image tokens, as chat does.
+    const images: ImagePart[] = [];
     try {
-      messages = normalizeMessages(req.messages);
+      messages = normalizeMessages(req.messages, ctx.vision === null ? null : { placeholder: ctx.vision.imageToken, found: images });
     } catch (error) {
       if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
       throw error;
@@ -107,6 +110,7 @@ export async function handleTokenize(ctx: FrontendContext, request: FastifyReque
     }
     const text = renderChatPrompt(ctx, { messages, addGenerationPrompt, continueFinalMessage, chatTemplateKwargs: req.chat_template_kwargs ?? {} });
     ids = await ctx.tokenizer.encode(text, req.add_special_tokens ?? false);
+    if (ctx.vision !== null) ids = expandImageTokens(ids, ctx.vision, images, await loadImages(images, ctx.media)).promptIds;
     returnStrs = req.return_token_strs ?? false;
   } else {
     const parsed = tokenizeCompletionSchema.safeParse(body);

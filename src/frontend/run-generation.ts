@@ -74,7 +74,7 @@ export function unixSeconds(): number {
 
 /** 404 for another model's name; a missing model field means the served one. */
 export function checkModel(ctx: FrontendContext, model: string | null): void {
-  if (model !== null && model !== ctx.servedModelName) throw modelNotFound(model, ctx.servedModelName);
+  if (model !== null && model !== ctx.servedModelName && ctx.adapters?.has(model) !== true) throw modelNotFound(model, ctx.servedModelName);
 }
 
 export function checkAvailable(ctx: FrontendContext): void {
@@ -95,6 +95,8 @@ export function buildChoices(ctx: FrontendContext, responseId: string, prompts: 
     for (let i = 0; i < req.n; i++) {
       const index = promptIndex * req.n + i;
       const request = toEngineRequest(ctx.sessions.newId(), promptIds, req, maxTokens, ctx.limits, arrivalMs);
+      const lora = ctx.adapters?.idOf(req.model) ?? 0;
+      if (lora !== 0) request.loraId = lora;
       if (req.seed !== null && i > 0) request.sampling = { ...request.sampling, seed: req.seed + i };
       specs.push({ index, promptIndex, name: single ? responseId : `${responseId}-${index}`, request });
     }

@@ -16,6 +16,7 @@ import { batonVersion, handleDetokenize, handleGenerate, handleTokenize } from "
 import type { FrontendContext } from "./context.js";
 import type { EngineHandle } from "../engine/types.js";
 import { listModels, modelCard, retrieveModel } from "./models.js";
+import { registerLoraRoutes, type LoraCatalog } from "./lora-adapters.js";
 import { ApiError, badRequest, serverError, type ApiErrorType } from "./openai-error.js";
 import { TokenStrings } from "./token-strings.js";
 import { Admission, RETRY_AFTER_UNAVAILABLE_S } from "./admission.js";
@@ -79,6 +80,10 @@ export interface ServerOptions {
   dashboard?: DashboardSource | null;
   /** The Responses API's in-memory store (--responses-store-max-bytes, --responses-store-ttl). */
   responsesStore?: ResponseStoreOptions;
+  /** --enable-lora: the adapters requests may name; null/undefined: LoRA off. */
+  lora?: LoraCatalog | null;
+  /** The model directory (the base model's `root` in /v1/models). */
+  modelRoot?: string;
 }
 
 export interface BatonServer {
@@ -148,6 +153,7 @@ export function buildServer(options: ServerOptions): BatonServer {
     grammars: options.grammars ?? null,
     vision: options.vision ?? null,
     media: options.media ?? NO_MEDIA_ALLOWED,
+    adapters: options.lora ?? null,
     noteIgnoredFields(route, names) {
       // Ignored like vLLM does, but said once per field name so a client's typo is visible without flooding the log.
       for (const name of names) {
@@ -157,7 +163,8 @@ export function buildServer(options: ServerOptions): BatonServer {
       }
     },
   };
-  const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen);
+  const card = modelCard(options.servedModelName, Math.floor(Date.now() / 1000), options.maxModelLen, options.modelRoot);
+  const adapters = options.lora ?? null;
   const warnedFields = new Set<string>();
 
   app.setErrorHandler((error: FastifyError | ApiError | Error, _request, reply) => {
@@ -228,8 +235,9 @@ export function buildServer(options: ServerOptions): BatonServer {
     if (unavailable === null) return degraded === null ? { status: "ok" } : { status: "ok", message: degraded };
     return reply.code(503).send({ status: "unavailable", message: unavailable });
   });
-  app.get("/v1/models", async () => listModels(card));
-  app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model));
+  app.get("/v1/models", async () => listModels(card, adapters));
+  app.get<{ Params: { model: string } }>("/v1/models/:model", async (request) => retrieveModel(card, request.params.model, adapters));
+  registerLoraRoutes(app, adapters);
   const graph: GraphEndpointsOptions | null = options.graph ? { ...options.graph, sessions, unavailableReason: () => unavailable } : null;
   // A model without text output (a speech model) answers the text endpoints with a 400 saying why.
   const textContext = (): FrontendContext => {

@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 11;
+export const PROTOCOL_VERSION = 12;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -42,6 +42,7 @@ export interface AddedRequest {
   sampling: SamplingParams;
   prompt_logprobs: number;
   embeds: number;
+  lora_id: number;
 }
 
 export interface StepTimings {
@@ -153,6 +154,17 @@ export interface KvWork {
   cancels: Int32Array;
 }
 
+export interface LoraLoad {
+  lora_id: number;
+  name: string;
+  path: string;
+}
+
+export interface LoraWork {
+  loads: LoraLoad[];
+  unloads: Int32Array;
+}
+
 /**
  * Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
  * A request has one id everywhere (req_id, req_ids, request_id, finished_requests): the control plane's request id, unique among live requests.
@@ -167,6 +179,7 @@ export interface KvWork {
  * Tensors between workers: PassBatch.publish (PromptRequest.publish) names the outputs (prompt values) a worker of another rank consumes; the producer also copies those tensors into its shared-memory arena and describes the block in the WireValue (file `segment` under /dev/shm, `nbytes` bytes at `offset`; segment '' when not published). The consumer copies the bytes out during its pass; the producer frees the block when the control plane releases the handle, which it does only after every pass reading it has answered. A tensor that does not fit the arena fails its request only.
  * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
  * KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
+ * lora (LoraWork, nil when the step carries none): LoRA adapters, loads before anything else in the step (lora_id >= 1 names the PEFT directory at path; a load that fails is answered in StepResult.lora_load_failed / lora_load_errors, one line naming the problem, and that id stays unknown); unloads after the step's removed (no request live after them may use the id). AddedRequest.lora_id is the adapter every row of that request runs with (0: the base model); a step's rows use at most the worker's --max-loras distinct adapters.
  */
 export interface StepMessage {
   kind: "Step";
@@ -182,6 +195,7 @@ export interface StepMessage {
   mask_rows: Int32Array;
   graph: GraphWork | null;
   kv: KvWork | null;
+  lora: LoraWork | null;
 }
 
 /**
@@ -252,6 +266,8 @@ export interface StepResultMessage {
   kv_load_errors: string[];
   kv_bytes: number;
   pooled: Float32Array | null;
+  lora_load_failed: Int32Array;
+  lora_load_errors: string[];
 }
 
 export interface PongMessage {
@@ -275,7 +291,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 11,
+  protocolVersion: 12,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -300,6 +316,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "sampling", type: { kind: "struct", struct: "SamplingParams", nullable: false, text: "SamplingParams" } },
       { name: "prompt_logprobs", type: { kind: "int", nullable: false, text: "int" } },
       { name: "embeds", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "lora_id", type: { kind: "int", nullable: false, text: "int" } },
     ],
     StepTimings: [
       { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },
@@ -396,6 +413,15 @@ export const WIRE_TABLES: WireTables = {
       { name: "loads", type: { kind: "struct[]", struct: "KvTransfer", nullable: false, text: "KvTransfer[]" } },
       { name: "cancels", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
     ],
+    LoraLoad: [
+      { name: "lora_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "name", type: { kind: "str", nullable: false, text: "str" } },
+      { name: "path", type: { kind: "str", nullable: false, text: "str" } },
+    ],
+    LoraWork: [
+      { name: "loads", type: { kind: "struct[]", struct: "LoraLoad", nullable: false, text: "LoraLoad[]" } },
+      { name: "unloads", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+    ],
   },
   messages: {
     Step: {
@@ -414,6 +440,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "mask_rows", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "graph", type: { kind: "struct", struct: "GraphWork", nullable: true, text: "GraphWork?" } },
         { name: "kv", type: { kind: "struct", struct: "KvWork", nullable: true, text: "KvWork?" } },
+        { name: "lora", type: { kind: "struct", struct: "LoraWork", nullable: true, text: "LoraWork?" } },
       ],
     },
     StepMask: {
@@ -477,6 +504,8 @@ export const WIRE_TABLES: WireTables = {
         { name: "kv_load_errors", type: { kind: "str[]", nullable: false, text: "str[]" } },
         { name: "kv_bytes", type: { kind: "int", nullable: false, text: "int" } },
         { name: "pooled", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
+        { name: "lora_load_failed", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+        { name: "lora_load_errors", type: { kind: "str[]", nullable: false, text: "str[]" } },
       ],
     },
     Pong: {

@@ -32,6 +32,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.runner !== undefined && opts.runner !== "auto") args.push("--runner", opts.runner);
   if (opts.hfOverrides != null) args.push("--hf-overrides", JSON.stringify(opts.hfOverrides));
   if (opts.maxNumSeqs !== undefined) args.push("--max-num-seqs", String(opts.maxNumSeqs));
+  if (opts.lora !== undefined) args.push("--max-loras", String(opts.lora.maxLoras), "--max-lora-rank", String(opts.lora.maxLoraRank));
   if (opts.onLoadProgress !== undefined) args.push("--progress");
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));

@@ -139,6 +139,28 @@ test("bench serve: chat endpoint streams too", { skip, timeout: 60_000 }, async 
   for (const n of result.input_lens) assert.ok(n > 16, `prompt tokens ${n}`);
 });
 
+test("bench serve: without --tokenizer, the served model's directory (GET /v1/models root) makes exact lengths", { skip, timeout: 60_000 }, async () => {
+  assert.ok(server);
+  const out = join(dir, "no-tokenizer.json");
+  const run = await bench([
+    "serve", "--base-url", server.url, "--num-prompts", "3", "--random-input-len", "20", "--random-output-len", "4", "--seed", "5",
+    "--save-result", "--result-filename", out,
+  ]);
+  assert.equal(run.code, 0, `exit ${run.code}\n${run.stderr}`);
+  const result = JSON.parse(readFileSync(out, "utf8")) as { completed: number; input_lens: number[]; output_lens: number[]; tokenizer_id: string };
+  assert.equal(result.completed, 3);
+  assert.deepEqual(result.input_lens, [20, 20, 20], "the server counted exactly the requested lengths");
+  assert.deepEqual(result.output_lens, [4, 4, 4]);
+  assert.equal(result.tokenizer_id, demoModelDir);
+  // A model the server does not list: the error asks for --tokenizer and says what was tried.
+  const missing = await bench(["serve", "--base-url", server.url, "--model", "no-such-model", "--num-prompts", "2"]);
+  assert.equal(missing.code, 1, missing.stderr);
+  assert.equal(
+    missing.stderr.trimEnd(),
+    `baton: --dataset-name random needs --tokenizer MODEL_DIR (the model's tokenizer); without it, tried the served model's directory (its root in GET ${server.url}/v1/models): no-such-model is not listed`,
+  );
+});
+
 test("bench serve: a bad flag is one line on stderr and exit 2", { skip, timeout: 30_000 }, async () => {
   for (const args of [["--no-such-flag"], ["--num-prompts", "zero"], ["--endpoint", "/v1/embeddings"], ["--request-rate", "-1"]]) {
     const run = await bench(["serve", ...args]);

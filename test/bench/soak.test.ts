@@ -33,7 +33,7 @@ describe("bench soak", () => {
     // Its own copy of the model: the soak tells its workers (and orphans) by the model's path, and other suites run demo workers too.
     const modelDir = demoModelCopy("baton-soak-");
     try {
-      const result = await runSoak({ repoRoot, modelDir, minutes: 0.3, concurrency: 4, faultIntervalS: 4, stepTimeoutS: 2, seed: 1, log: () => {} });
+      const result = await runSoak({ repoRoot, modelDir, minutes: 0.2, concurrency: 4, faultIntervalS: 3, stepTimeoutS: 2, seed: 1, log: () => {} });
       assert.deepEqual(result.problems, []);
       assert.ok(result.faults.sigkill + result.faults.sigstop >= 1, JSON.stringify(result.faults));
       assert.ok(result.restarts >= result.faults.sigkill + result.faults.sigstop);

@@ -81,6 +81,8 @@ class EchoWorker implements WorkerClient {
       kv_load_failed: new Int32Array(0),
       kv_load_errors: [],
       kv_bytes: 0,
+      lora_load_failed: new Int32Array(0),
+      lora_load_errors: [],
       pooled: null,
     });
   }

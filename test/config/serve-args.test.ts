@@ -37,6 +37,24 @@ describe("parseServeArgs", () => {
     assert.throws(() => parseServeArgs(["--responses-store-max-bytes", "lots"], {}), /--responses-store-max-bytes: expected an integer/);
   });
 
+  test("LoRA flags, as vLLM takes them: several adapters after one --lora-modules, the JSON form, the env switch", () => {
+    const { options } = parseServeArgs(["--enable-lora", "--lora-modules", "sql=/l/sql", "chat=/l/chat", "/models/m", "--lora-modules", '{"name": "x", "path": "/l/x"}', "--max-loras", "4", "--max_lora_rank", "64"]);
+    assert.equal(options.modelDir, "/models/m");
+    assert.deepEqual(options.lora, {
+      modules: [{ name: "sql", path: "/l/sql" }, { name: "chat", path: "/l/chat" }, { name: "x", path: "/l/x" }],
+      maxLoras: 4,
+      maxLoraRank: 64,
+      runtimeUpdates: false,
+    });
+    assert.equal(parseServeArgs(["--enable-lora"], { VLLM_ALLOW_RUNTIME_LORA_UPDATING: "True" }).options.lora?.runtimeUpdates, true);
+    assert.equal(parseServeArgs([]).options.lora, null);
+    assert.throws(() => parseServeArgs(["--max-loras", "2"]), /--max-loras needs --enable-lora/);
+    assert.throws(() => parseServeArgs(["--enable-lora", "--lora-modules", "sql"]), /expected name=path/);
+    assert.throws(() => parseServeArgs(["--enable-lora", "--lora-modules", "a=/x", "a=/y"]), /names adapter a twice/);
+    const args = workerArgs({ modelDir: "/m", blockSize: 16, dtype: "auto", device: "auto", seed: 0, lora: { maxLoras: 4, maxLoraRank: 64 } }, "in", "out");
+    assert.deepEqual(args.slice(args.indexOf("--max-loras"), args.indexOf("--max-loras") + 4), ["--max-loras", "4", "--max-lora-rank", "64"]);
+  });
+
   test("--runner reaches the worker's command line (auto is the worker's default)", () => {
     const { options } = parseServeArgs(["/m", "--runner", "pooling"], {});
     assert.equal(options.runner, "pooling");
@@ -66,6 +84,7 @@ describe("parseServeArgs", () => {
       modelDir: null,
       media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024 },
       responsesStore: { maxBytes: 256 * 1024 * 1024, ttlMs: 86_400_000 },
+      lora: null,
       host: "127.0.0.1",
       port: 8000,
       servedModelName: null,

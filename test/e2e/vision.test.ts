@@ -217,6 +217,21 @@ for (const [index, backbone] of BACKBONES.entries()) {
       assert.deepEqual(response.body.choices[0]!.token_ids, expected[0]!.tokens);
     });
 
+    test("/tokenize counts a chat with images as chat's prompt_tokens", async () => {
+      for (const i of [0, 1]) {
+        const messages = [{ role: "user", content: partsOf(images, CASES[i]!) }];
+        const [tokenized, chat] = await Promise.all([
+          postJson<{ count: number; tokens: number[]; error?: { message: string } }>(`${server!.url}/tokenize`, { model: "llava", messages }),
+          postJson<ChatBody>(url, { ...chatBody(messages[0]!.content), max_tokens: 1 }),
+        ]);
+        assert.equal(tokenized.status, 200, JSON.stringify(tokenized.body));
+        assert.equal(chat.status, 200, JSON.stringify(chat.body));
+        assert.equal(tokenized.body.count, chat.body.usage.prompt_tokens, `case ${i}`);
+        assert.deepEqual(tokenized.body.tokens, chat.body.prompt_token_ids, `case ${i}`);
+        assert.ok(tokenized.body.tokens.filter((id) => id === IMAGE_TOKEN_ID).length > CASES[i]!.parts.length, `case ${i}: image tokens expanded`);
+      }
+    });
+
     if (index > 0) return;
 
     const text = { type: "text", text: "What is this?" };

@@ -248,6 +248,8 @@ export class FakeExecutor implements StepExecutor {
       kv_load_failed: new Int32Array(0),
       kv_load_errors: [],
       kv_bytes: 0,
+      lora_load_failed: new Int32Array(0),
+      lora_load_errors: [],
       pooled: pooled.length > 0 ? Float32Array.from(pooled) : null,
     };
   }

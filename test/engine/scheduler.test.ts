@@ -171,4 +171,52 @@ describe("step builder", () => {
     assert.deepEqual(Array.from(step.new_block_counts), [0]);
     assert.equal(a.numSentBlocks, 3);
   });
+
+  describe("LoRA adapters", () => {
+    function addLora(scheduler: Scheduler, prompt: number[], loraId: number): Request {
+      const request = new Request(makeRequest(prompt, {}, { loraId }));
+      scheduler.addRequest(request);
+      return request;
+    }
+
+    it("runs at most maxLoras distinct adapters at once, passing over a request of another adapter rather than waiting on it", () => {
+      const { scheduler } = setup({ maxLoras: 2 });
+      const a1 = addLora(scheduler, range(3), 1);
+      const a2 = addLora(scheduler, range(3), 2);
+      const a3 = addLora(scheduler, range(3), 3);
+      const base = addLora(scheduler, range(3), 0);
+      const again1 = addLora(scheduler, range(3), 1);
+      let out = scheduler.schedule();
+      // Adapter 3 would be a third: it waits, and the base request and adapter 1's second request go ahead of it.
+      assert.deepEqual(out.requests, [a1, a2, base, again1]);
+      assert.deepEqual(out.added.map((r) => r.loraId), [1, 2, 0, 1]);
+      finishStep(scheduler, out);
+      out = scheduler.schedule();
+      assert.ok(!out.requests.includes(a3), "a third adapter never joins while two run");
+      finishStep(scheduler, out);
+      scheduler.finishRequest(a2);
+      out = scheduler.schedule();
+      assert.deepEqual(out.added, [a3], "adapter 3 runs once adapter 2's last request ended");
+      const step = buildStepMessage(out, 9);
+      assert.equal(step.added[0]!.lora_id, 3);
+      assert.equal(step.lora, null, "the adapters' loads ride on the engine's steps, not the scheduler's");
+    });
+
+    it("never serves one adapter's prompt from another adapter's (or the base model's) cached blocks", () => {
+      const { scheduler, kv } = setup({ maxLoras: 4 }, true);
+      const prompt = range(13);
+      const base = addLora(scheduler, prompt, 0);
+      const one = addLora(scheduler, prompt, 1);
+      finishStep(scheduler, scheduler.schedule());
+      assert.equal(base.numComputedTokens, 13);
+      assert.equal(one.numComputedTokens, 13);
+      const sameAdapter = new Request(makeRequest(prompt, {}, { loraId: 1 }));
+      const otherAdapter = new Request(makeRequest(prompt, {}, { loraId: 2 }));
+      const baseAgain = new Request(makeRequest(prompt, {}, {}));
+      assert.deepEqual(kv.findCachedPrefix(sameAdapter), one.blockIds.slice(0, 3));
+      assert.deepEqual(kv.findCachedPrefix(baseAgain), base.blockIds.slice(0, 3));
+      assert.deepEqual(kv.findCachedPrefix(otherAdapter), []);
+      assert.notDeepEqual(one.blockIds.slice(0, 3), base.blockIds.slice(0, 3));
+    });
+  });
 });

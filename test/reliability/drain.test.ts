@@ -41,6 +41,13 @@ describe("drain on SIGTERM", { concurrency: true }, () => {
       assert.equal(refused.status, 503);
       assert.equal(refused.retryAfter, "5");
       assert.match(refused.error?.message ?? "", /shutting down/);
+      // Still listening: a plain POST gets the 503 too, with an OpenAI-shaped error body.
+      const plain = await fetch(`${server.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ prompt: "hi", max_tokens: 2 }) });
+      assert.equal(plain.status, 503);
+      assert.equal(plain.headers.get("retry-after"), "5");
+      const error = ((await plain.json()) as { error: Record<string, unknown> }).error;
+      assert.deepEqual(Object.keys(error).sort(), ["code", "message", "param", "type"]);
+      assert.equal(error.type, "service_unavailable");
       const results = await streams;
       results.forEach((r, i) => {
         assert.equal(r.error, null, `stream ${i}: ${JSON.stringify(r.error)}`);

@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { ApproximatePrefixTree } from "../../src/router/prefix-tree.js";
 import { CacheAwareRouter, RoundRobinRouter, CACHE_AWARE_DEFAULTS } from "../../src/router/router.js";
+import { routingKey } from "../../src/engine-host/data-parallel.js";
 
 const range = (from: number, n: number): number[] => Array.from({ length: n }, (_, i) => from + i);
 
@@ -118,5 +119,23 @@ describe("replicaCudaDevice", () => {
     assert.equal(replicaCudaDevice(1, "cpu", { CUDA_VISIBLE_DEVICES: "4,5" }), null);
     assert.equal(replicaCudaDevice(1, "auto", { CUDA_VISIBLE_DEVICES: "4,5" }), "5");
     assert.equal(replicaCudaDevice(2, "cuda", { CUDA_VISIBLE_DEVICES: "4,5" }), "4");
+  });
+});
+
+describe("routing LoRA requests", () => {
+  test("the same prompt on another adapter is another prefix; an adapter's requests meet again", () => {
+    const router = new CacheAwareRouter(CACHE_AWARE_DEFAULTS, [1e6, 1e6]);
+    const prompt = range(0, 40);
+    const up = [true, true];
+    const base = router.route(routingKey({ promptIds: prompt }), up, [0, 0]);
+    // The base model's cached prefix is no hit for adapter 1: it goes where the tree is smaller.
+    const first = router.route(routingKey({ promptIds: prompt, loraId: 1 }), up, [1, 0]);
+    assert.equal(first.reason, "cache_miss");
+    assert.notEqual(first.replica, base.replica);
+    const again = router.route(routingKey({ promptIds: [...prompt, 99], loraId: 1 }), up, [1, 1]);
+    assert.deepEqual(again, { replica: first.replica, reason: "cache_hit" });
+    const other = router.route(routingKey({ promptIds: prompt, loraId: 2 }), up, [1, 2]);
+    assert.equal(other.reason, "cache_miss");
+    assert.deepEqual(routingKey({ promptIds: [5, 6], loraId: 0 }), [5, 6]);
   });
 });

@@ -76,7 +76,7 @@ function sampling(overrides: Partial<SamplingParams> = {}): SamplingParams {
 }
 
 function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
-  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1, embeds: -1 };
+  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1, embeds: -1, lora_id: 0 };
 }
 
 export function step(overrides: Partial<StepMessage> = {}): StepMessage {
@@ -94,6 +94,7 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     mask_rows: Int32Array.from([1]),
     graph: null,
     kv: null,
+    lora: null,
     ...overrides,
   };
 }
@@ -121,6 +122,8 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     kv_load_errors: [],
     kv_bytes: 0,
     pooled: null,
+    lora_load_failed: new Int32Array(0),
+    lora_load_errors: [],
     ...overrides,
   };
 }

@@ -52,7 +52,7 @@ const samplingParams: fc.Arbitrary<SamplingParams> = rec({
   logprobs: int,
 });
 
-const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int, embeds: int });
+const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int, embeds: int, lora_id: int });
 const timings: fc.Arbitrary<StepTimings> = rec({ prepare_ms: float, forward_ms: float, sample_ms: float });
 
 const strs = fc.array(str, { maxLength: 3 });
@@ -98,6 +98,7 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     mask_rows: i32,
     graph: fc.option(rec({ prompts: small(promptRequest), batches: small(passBatch), releases: i32, finished_requests: i32 }), { nil: null }),
     kv: fc.option(rec({ sends: small(kvTransfer), loads: small(kvTransfer), cancels: i32 }), { nil: null }),
+    lora: fc.option(rec({ loads: small(rec({ lora_id: int, name: str, path: str })), unloads: i32 }), { nil: null }),
   }),
   rec({ kind: fc.constant("StepMask" as const), step_id: int, bitmask: i32 }),
   rec({ kind: fc.constant("Ping" as const), nonce: int }),
@@ -140,6 +141,8 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     kv_load_errors: strs,
     kv_bytes: int,
     pooled: fc.option(f32),
+    lora_load_failed: i32,
+    lora_load_errors: strs,
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),

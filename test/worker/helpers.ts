@@ -81,7 +81,7 @@ export async function waitUntil(condition: () => boolean, timeoutMs: number, wha
 export const greedy: SamplingParams = samplingOf(0, null);
 
 /** The fields of a step that carries no graph work and no KV transfer. */
-const NO_GRAPH_WORK = { graph: null, kv: null } satisfies Partial<StepMessage>;
+const NO_GRAPH_WORK = { graph: null, kv: null, lora: null } satisfies Partial<StepMessage>;
 
 /** A step that adds one request and prefills all of its prompt into fresh blocks. */
 export function prefillStep(stepId: number, reqId: number, prompt: number[], firstBlock: number, sampling: SamplingParams = greedy): StepMessage {
@@ -89,7 +89,7 @@ export function prefillStep(stepId: number, reqId: number, prompt: number[], fir
   return {
     kind: "Step",
     step_id: stepId,
-    added: [{ req_id: reqId, token_ids: Int32Array.from(prompt), num_prompt_tokens: prompt.length, sampling, prompt_logprobs: -1, embeds: -1 }],
+    added: [{ req_id: reqId, token_ids: Int32Array.from(prompt), num_prompt_tokens: prompt.length, sampling, prompt_logprobs: -1, embeds: -1, lora_id: 0 }],
     removed: new Int32Array(0),
     req_ids: Int32Array.from([reqId]),
     num_new_tokens: Int32Array.from([prompt.length]),

@@ -12,7 +12,9 @@ work (`Step.graph`) around the rows:
    comes back inline ("tokens"), anything else stays here ("tensor" with its
    handle and this worker's rank); an exception refuses that request only;
 4. the KV rows (added, removed, rows) through the StepRunner of the kv_cache
-   node this worker hosts; rows on a worker without one are a ProtocolError;
+   node this worker hosts, after its LoRA work (`Step.lora`, which that
+   StepRunner applies first); rows or LoRA work on a worker without one are a
+   ProtocolError;
 5. each PassBatch through NodeRunner.run: one batched call of a stateless node.
 
 Tensors for other workers (protocol/schema.json "Tensors between workers"):
@@ -261,6 +263,8 @@ class GraphStepRunner:
 
     def _rows(self, step: Step, wait_mask: Callable[[int], StepMask] | None) -> StepResult:
         used = next((name for name in _KV_FIELDS if len(getattr(step, name))), None)
+        if used is None and step.lora is not None:
+            used = "lora"  # a step of LoRA work only: the StepRunner applies it (or refuses it)
         if used is not None:
             if self.kv is None:
                 raise ProtocolError(

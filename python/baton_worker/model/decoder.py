@@ -12,6 +12,7 @@ through block tables.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,9 @@ from .config import ModelConfig
 from .layer_ops import TorchOps, TritonOps
 from .rope import Rotary
 from .weights import WeightReader
+
+if TYPE_CHECKING:
+    from ..lora import LoraBatch
 
 
 @dataclass
@@ -86,10 +90,33 @@ def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool, p
     )
 
 
-def _project(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], sizes: list[int]):
+def _project(h: torch.Tensor, weights: list[torch.Tensor], biases: list[torch.Tensor | None], sizes: list[int],
+             lora: LoraBatch | None = None, i: int = 0, groups: tuple[int, ...] = ()):
+    """lora: the step's adapters, added to the output of each of `groups` (the LoRA groups of the weights) at layer i."""
     if len(weights) == 1:
-        return F.linear(h, weights[0], biases[0]).split(sizes, dim=-1)
-    return [F.linear(h, w, b) for w, b in zip(weights, biases)]
+        y = F.linear(h, weights[0], biases[0])
+        if lora is not None:
+            lora.add_(y, h, i, groups[0])
+        return y.split(sizes, dim=-1)
+    outs = [F.linear(h, w, b) for w, b in zip(weights, biases)]
+    if lora is not None:
+        for y, group in zip(outs, groups):
+            lora.add_(y, h, i, group)
+    return outs
+
+
+@dataclass(frozen=True)
+class LoraGroups:
+    """Which LoRA group (lora/adapter.py FUSED_GROUPS or UNFUSED_GROUPS) each projection's output is."""
+
+    qkv: tuple[int, ...]
+    o: int
+    gate_up: tuple[int, ...]
+    down: int
+
+
+FUSED_LORA_GROUPS = LoraGroups((0,), 1, (2,), 3)
+UNFUSED_LORA_GROUPS = LoraGroups((0, 1, 2), 3, (4, 5), 6)
 
 
 # Rows the packed lm_head layout is chosen for (oneDNN picks its blocking from it;
@@ -191,6 +218,7 @@ class DecoderModel:
         vocab_rows = (lambda t: t) if part is None else part.vocab_rows
         self.embed = vocab_rows(reader.get("model.embed_tokens.weight"))
         self.layers = [_load_layer(reader, config, i, fuse, part) for i in range(config.num_layers)]
+        self.lora_groups = FUSED_LORA_GROUPS if fuse else UNFUSED_LORA_GROUPS
         c = self.config
         self.qkv_sizes = [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
         self.gate_up_sizes = [c.intermediate_size, c.intermediate_size]
@@ -219,11 +247,12 @@ class DecoderModel:
         logits_indices: torch.Tensor,
         attention: StepAttention,
         replace: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor | None:
         """Runs all new tokens of a step (attention: what the backend's prepare()
         returned for it); returns float32 logits [len(logits_indices), vocab] (None on a
         tensor-parallel rank other than 0)."""
-        return self.logits(self.hidden_states(input_ids, positions, attention, replace), logits_indices)
+        return self.logits(self.hidden_states(input_ids, positions, attention, replace, lora), logits_indices)
 
     @torch.inference_mode()
     def hidden_states(
@@ -232,10 +261,12 @@ class DecoderModel:
         positions: torch.Tensor,
         attention: StepAttention,
         replace: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """The residual stream after the last layer, one row per new token (before the final norm).
         replace: (indices, rows): these rows stand in for the token embeddings at those indices
-        (image features at image-token positions)."""
+        (image features at image-token positions). lora: the step's LoRA adapters, added to the
+        projections of their tokens (None: no token has one)."""
         x = F.embedding(input_ids, self.embed) if self.tp is None else self.tp.embed(input_ids, self.embed, self.partition)
         if replace is not None:
             x = x.index_copy(0, replace[0], replace[1].to(x.dtype))
@@ -247,8 +278,8 @@ class DecoderModel:
                 h = ops.rms_norm(x, layer.input_norm)
             else:
                 x, h = ops.add_rms_norm(x, delta, layer.input_norm)
-            x, h = ops.add_rms_norm(x, self._attention(i, layer, h, cos, sin, attention), layer.post_norm)
-            delta = self._mlp(layer, h)
+            x, h = ops.add_rms_norm(x, self._attention(i, layer, h, cos, sin, attention, lora), layer.post_norm)
+            delta = self._mlp(i, layer, h, lora)
         return x + delta
 
     def head_input(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -265,10 +296,10 @@ class DecoderModel:
             return logits
         return self.tp.gather_logits(logits, self.full_config.vocab_size)
 
-    def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: StepAttention) -> torch.Tensor:
+    def _attention(self, i, layer: LayerWeights, h, cos, sin, attention: StepAttention, lora: LoraBatch | None = None) -> torch.Tensor:
         c = self.config
         t = h.shape[0]
-        q, k, v = _project(h, layer.qkv, layer.qkv_bias, self.qkv_sizes)
+        q, k, v = _project(h, layer.qkv, layer.qkv_bias, self.qkv_sizes, lora, i, self.lora_groups.qkv)
         q = q.view(t, c.num_heads, c.head_dim)
         k = k.view(t, c.num_kv_heads, c.head_dim)
         v = v.view(t, c.num_kv_heads, c.head_dim)
@@ -279,17 +310,26 @@ class DecoderModel:
         k = self.ops.rotary(k, cos, sin)
         out = attention.run(i, q, k, v).reshape(t, c.num_heads * c.head_dim)
         if self.tp is None:
-            return F.linear(out, layer.o_proj, layer.o_bias)
+            y = F.linear(out, layer.o_proj, layer.o_bias)
+            if lora is not None:  # (LoRA never runs tensor parallel: loading refuses it)
+                lora.add_(y, out, i, self.lora_groups.o)
+            return y
         return self._row_parallel(out, layer.o_proj, layer.o_bias)
 
-    def _mlp(self, layer: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
         if len(layer.gate_up) == 1:
-            act = self.ops.silu_mul(F.linear(h, layer.gate_up[0], layer.gate_up_bias[0]))
+            gate_up = F.linear(h, layer.gate_up[0], layer.gate_up_bias[0])
+            if lora is not None:
+                lora.add_(gate_up, h, i, self.lora_groups.gate_up[0])
+            act = self.ops.silu_mul(gate_up)
         else:
-            gate, up = _project(h, layer.gate_up, layer.gate_up_bias, self.gate_up_sizes)
+            gate, up = _project(h, layer.gate_up, layer.gate_up_bias, self.gate_up_sizes, lora, i, self.lora_groups.gate_up)
             act = F.silu(gate) * up
         if self.tp is None:
-            return F.linear(act, layer.down_proj, layer.down_bias)
+            y = F.linear(act, layer.down_proj, layer.down_bias)
+            if lora is not None:
+                lora.add_(y, act, i, self.lora_groups.down)
+            return y
         return self._row_parallel(act, layer.down_proj, layer.down_bias)
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -36,9 +36,13 @@ class EncoderRunner:
 
     def execute(self, step: Step, wait_mask=None) -> StepResult:
         t0 = time.perf_counter()
+        if step.lora is not None:
+            raise ProtocolError("Step.lora", "an encoder (a pooling model) serves no LoRA adapters")
         for req_id in step.removed.tolist():
             self.prompts.pop(req_id, None)
         for i, added in enumerate(step.added):
+            if added.lora_id != 0:
+                raise ProtocolError(f"Step.added[{i}].lora_id", "an encoder (a pooling model) serves no LoRA adapters")
             tokens = np.asarray(added.token_ids, np.int64)
             if len(tokens) and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
                 raise ProtocolError(f"Step.added[{i}].token_ids", f"a token is outside the vocabulary [0, {self.vocab_size})")

@@ -32,6 +32,14 @@ waits for one. Ready.pooling says how the model pools. A classifier
 (a cross-encoder directory, or a decoder that --hf-overrides names
 Qwen3ForSequenceClassification) loads the same way with its head
 (model/pooling.py ClassifierHead); its rows answer with logits.
+
+LoRA (--max-loras above 0): a plain generating decoder in one process only
+(refused with a pooling runner, tensor parallelism and graph models). Its
+StepRunner gets a LoraManager, made before the KV cache is sized (on CUDA
+its slot stacks take their memory then); adapters themselves load later,
+through Step.lora, into what the cache leaves free. Decode steps run
+eagerly: no CUDA graphs are captured (a graph would replay without the
+step's adapters).
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from ..graph.model import GraphModel, KvDecoderLayout
 from ..graph.node_runner import NodeRunner, TensorStore
 from ..graph.worker_runner import GraphStepRunner
 from ..kv_connector import KvConnectorWorker, TorchDistributedTransport
+from ..lora import LoraLayout, LoraManager
 from ..model.config import ConfigError, ModelConfig, load_model_config, read_json
 from ..model.decoder import DecoderModel
 from ..model.encoder import EncoderModel, load_encoder_config
@@ -220,6 +229,10 @@ def _load_decoder(
             rows = model.embed if tied else reader.get("lm_head.weight")
             head = ClassifierHead((rows[yes].float() - rows[no].float())[None, :])
         reader.close()
+    lora = None
+    if opts.max_loras > 0:
+        # Before the cache is sized: on CUDA the slot stacks are allocated now. dummy-null checks loads, keeps no weights.
+        lora = LoraManager(LoraLayout.of(config, fused=fuse_weights), opts.max_loras, opts.max_lora_rank, device, dtype, keep_weights=not dummy)
     num_blocks = _num_blocks(opts, local, dtype, device)
     max_model_len = _max_model_len(opts, config, num_blocks)
     if not dummy:
@@ -227,6 +240,7 @@ def _load_decoder(
         attention = make_backend(attention_backend, cache, local.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
+    runner.lora = lora
     pooling_config = None
     if pooling:
         if classifier_tokens is not None:
@@ -239,7 +253,8 @@ def _load_decoder(
     if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
         runner.overlap = True
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
-    if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager:
+    # With LoRA on none are captured: a replay would run without the step's adapters (their segments change every step).
+    if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager and lora is None:
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), opts.max_num_seqs)
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
 
@@ -356,6 +371,22 @@ def check_tensor_parallel_model(opts: WorkerOptions) -> None:
     if graph_model_class(architecture) is not None:
         raise ConfigError(f"--tensor-parallel-size above 1 serves plain LLMs; {architecture} is a graph model")
     check_tensor_parallel(load_model_config(model_dir, lenient=opts.load_format == "dummy-null"), opts.tensor_parallel_size)
+    _check_lora(opts, "generate", None, architecture, None)
+
+
+def _check_lora(opts: WorkerOptions, runner_kind: str, graph_class, architecture: str | None, tp: TensorParallelGroup | None) -> None:
+    """ConfigError where --max-loras asks for LoRA on something other than a plain decoder in one process."""
+    if opts.max_loras == 0:
+        return
+    refused = None
+    if runner_kind == "pooling":
+        refused = "a pooling model (--runner pooling)"
+    elif graph_class is not None:
+        refused = f"{architecture}, a graph model"
+    elif tp is not None or opts.tensor_parallel_size > 1:
+        refused = "--tensor-parallel-size above 1"
+    if refused is not None:
+        raise ConfigError(f"--max-loras {opts.max_loras}: LoRA adapters apply to a plain generating decoder in one process, not {refused}")
 
 
 def load_worker(
@@ -380,6 +411,7 @@ def load_worker(
     if runner_kind == "pooling" and (graph_class is not None or tp is not None):
         raise ConfigError(f"--runner pooling serves embedding models on one worker; {architecture or 'this model'} " +
                           ("is a graph model" if graph_class is not None else "with --tensor-parallel-size above 1 is not supported"))
+    _check_lora(opts, runner_kind, graph_class, architecture, tp)
     pooling_info = None
     if runner_kind == "pooling" and architecture in ENCODER_ARCHITECTURES:
         hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a pooling model)")

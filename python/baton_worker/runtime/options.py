@@ -7,6 +7,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
     [--host-workers N] [--runner auto|generate|pooling] [--hf-overrides JSON]
+    [--max-loras N] [--max-lora-rank R]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -26,6 +27,13 @@ those two are internal to the rank group (parallel/, server.py).
 --distributed-executor-backend picks how those ranks start: mp (default)
 as child processes of rank 0, ray as Ray actors in a placement group
 (rank_group.py).
+
+--max-loras N (default 0: LoRA off) serves PEFT LoRA adapters, which the
+engine loads and unloads through Step.lora; a step's rows use at most N
+distinct adapters. --max-lora-rank R (default 16) is the largest adapter
+rank it accepts (vLLM's choices are 8, 16, 32, 64, 128, 256, 320, 512; any
+positive value works here). Only a plain decoder on one process takes them
+(loading.py refuses pooling, tensor parallel and graph models).
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -83,6 +91,8 @@ class WorkerOptions:
     runner: str = "auto"  # generate | pooling | auto (model/pooling.py resolve_runner)
     # vLLM's --hf-overrides: config.json as restated to serve a decoder as a reranker (model/pooling.py overridden_architecture).
     hf_overrides: dict | None = None
+    max_loras: int = 0  # distinct LoRA adapters a step's rows may use (0: LoRA off)
+    max_lora_rank: int = 16  # the largest adapter rank a load accepts
 
 
 class _Parser(argparse.ArgumentParser):
@@ -121,6 +131,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--runner", default="auto", help="generate, pooling (embedding models) or auto (vLLM's --runner)")
     p.add_argument("--hf-overrides", help="JSON object: config.json keys restated (vLLM's; a decoder served as Qwen3-Reranker)")
+    p.add_argument("--max-loras", type=int, default=0, help="distinct LoRA adapters per step (0: LoRA off)")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank an adapter may have")
     return p
 
 
@@ -143,6 +155,10 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise OptionsError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.max_loras < 0:
+        raise OptionsError(f"--max-loras must be >= 0, got {args.max_loras}")
+    if args.max_lora_rank < 1:
+        raise OptionsError(f"--max-lora-rank must be positive, got {args.max_lora_rank}")
     if args.rank < 0:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
     if args.tensor_parallel_size < 1:

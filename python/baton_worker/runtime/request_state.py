@@ -28,6 +28,8 @@ class RequestState:
     slot: int = -1
     # Top alternatives per prompt position (AddedRequest.prompt_logprobs); -1: no prompt logprobs.
     prompt_logprobs: int = -1
+    # The LoRA adapter every row of the request runs with (AddedRequest.lora_id; 0: the base model).
+    lora_id: int = 0
     # The sampler's penalty bookkeeping (sampler.PenaltyBooks), made on the
     # first penalised step; dropped with this state.
     penalties: PenaltyBooks | None = None

@@ -21,6 +21,15 @@ Pooling (a decoder served with --runner pooling, `pooler` set): no logits and
 no sampling; the rows that reach the end of their prompt answer with their
 pooled vectors (StepResult.pooled), from the last hidden states after the
 final norm, chunk by chunk (model/pooling.py ChunkPooler).
+
+LoRA (--max-loras above 0, `lora` set): a step's Step.lora loads come before
+anything else, its unloads after the step's removals (a failed load is
+answered in the result's lora_load_failed / lora_load_errors). Each request keeps the
+adapter it was added with (AddedRequest.lora_id, 0: the base model); a step
+whose rows use an adapter gets a LoraBatch (lora/batch.py) for its forward
+pass, built from the adapter of each packed token. The protocol's rules are
+checked here: an unknown adapter, an unload of one a live request uses, more
+distinct adapters in a step than --max-loras, any LoRA on a worker without it.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import numpy as np
 import torch
 
 from ..attention import AttentionBackend
+from ..lora import LoraBatch, LoraManager
 from ..model.decoder import DecoderModel
 from ..model.pooling import ChunkPooler, pooled_result
 from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
@@ -67,6 +77,7 @@ class LaunchedStep:
     removals: int  # the runner's removal count at launch: unchanged at finish, every slot is still its request's
     prompt_out: PromptLogprobs | None
     times: tuple[float, float, float]  # perf_counter at the start, after the inputs, after the forward pass
+    lora_failed: tuple[np.ndarray, list[str]] | None = None  # the step's failed adapter loads: ids and their lines
 
     def done(self) -> bool:
         """Whether the tokens are on the host (finish() would not wait)."""
@@ -153,6 +164,10 @@ class StepRunner:
         self.embeds: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         # A pooling model's pooler (None: the model generates).
         self.pooler: ChunkPooler | None = None
+        # LoRA adapters (None: --max-loras 0), the live requests per adapter id, and each slot's adapter (0: base model).
+        self.lora: LoraManager | None = None
+        self.lora_users: dict[int, int] = {}
+        self.slot_lora = np.zeros(0, np.int32)
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -166,7 +181,7 @@ class StepRunner:
         on the device; what needs them on the host must wait: grammar masks (the
         engine makes them from the tokens), penalties (counted from the tokens),
         prompt logprobs, and tensor parallelism (rank 0 broadcasts host tokens)."""
-        if not self.overlap or len(step.mask_rows) or self.prompt_slots or self.pooler is not None:
+        if not self.overlap or len(step.mask_rows) or self.prompt_slots or self.pooler is not None or step.lora is not None:
             return False
         if self.penalized and any(r in self.penalized for r in step.req_ids.tolist()):
             return False
@@ -178,10 +193,15 @@ class StepRunner:
         positions are reserved at once (PLACEHOLDER on the host, the token in
         last_tokens on the device), so a next step can be checked and built now."""
         t0 = time.perf_counter()
+        lora_failed = self._lora_loads(step) if step.lora is not None else None
         self._remove(step)
+        if step.lora is not None:
+            # After the removals: the step that removes an adapter's last request may unload it.
+            self._lora_unloads(step)
         self._add(step)
         slots, start, num_new, sample = self._rows(step)
         inputs = self.batch.inputs(slots, start, num_new, sample)
+        lora = self._lora_batch(slots, inputs) if self.lora_users else None
         if self.pooler is not None:
             return Finished(self._pool(step, inputs, slots, start, num_new, sample, t0))
         sample_slots = slots[sample]
@@ -195,14 +215,14 @@ class StepRunner:
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
-            logits = self.graphs.run(inputs) if self.graphs is not None and replace is None and prompt is None else None
+            logits = self.graphs.run(inputs) if self.graphs is not None and replace is None and prompt is None and lora is None else None
             if logits is None:
                 screened = self._screened(sampled, step.mask_rows) if prompt is None else None
                 shares = 1
                 if self.cpu is not None:
                     shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS)
                 attention = self.attention.prepare(inputs.attention)
-                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace)
+                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace, lora)
                 if screened is not None:
                     head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened, shares)
                 else:
@@ -238,7 +258,7 @@ class StepRunner:
                 tokens = pending.tokens if pending.tokens is not None else torch.from_numpy(pending.read().token_ids).to(self.device)
                 self._keep_on_device(sample_slots, tokens)
         return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, pending, self.removals,
-                            prompt_out, (t0, t1, t2))
+                            prompt_out, (t0, t1, t2), lora_failed)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Waits for the launched step's tokens and puts them in their reserved places."""
@@ -255,7 +275,7 @@ class StepRunner:
         t0, t1, t2 = launched.times
         t3 = time.perf_counter()
         prompt_out = launched.prompt_out
-        return StepResult(
+        result = StepResult(
             step_id=launched.step_id,
             req_ids=launched.req_ids,
             token_ids=out.token_ids,
@@ -270,6 +290,9 @@ class StepRunner:
             prompt_top_ids=None if prompt_out is None else prompt_out.top_ids,
             prompt_top_logprobs=None if prompt_out is None else prompt_out.top_logprobs,
         )
+        if launched.lora_failed is not None:
+            result.lora_load_failed, result.lora_load_errors = launched.lora_failed
+        return result
 
     # ------------------------------------------------------------ pooling
 
@@ -328,6 +351,9 @@ class StepRunner:
                 self.prompt_slots.discard(state.slot)
                 self.penalized.discard(req_id)
                 self.embeds.pop(state.slot, None)
+                if state.lora_id:
+                    self._lora_user(state.lora_id, -1)
+                    self.slot_lora[state.slot] = 0
                 if self.pooler is not None:
                     self.pooler.drop(state.slot)
                 self.batch.remove(state.slot)
@@ -347,6 +373,8 @@ class StepRunner:
                 j = int(bad[0])
                 raise ProtocolError(f"{where}.token_ids[{j}]", f"{int(tokens[j])} is outside the vocabulary [0, {self.vocab_size})")
             replaced = self._added_embeds(where, added) if added.embeds >= 0 else None
+            if added.lora_id != 0:
+                self._check_lora_id(where, added.lora_id)
             slot = self.batch.add(tokens)
             if replaced is not None:
                 self.embeds[slot] = replaced
@@ -357,7 +385,11 @@ class StepRunner:
                 sampling=added.sampling,
                 slot=slot,
                 prompt_logprobs=added.prompt_logprobs,
+                lora_id=added.lora_id,
             )
+            if added.lora_id != 0:
+                self._lora_user(added.lora_id, 1)
+                self._slot_lora_column()[slot] = added.lora_id
             self.requests[added.req_id] = state
             self.slot_of[added.req_id] = slot
             self._slot_index = None
@@ -366,6 +398,69 @@ class StepRunner:
                 self.prompt_slots.add(slot)
             if penalizes(added.sampling):
                 self.penalized.add(added.req_id)
+
+    # ------------------------------------------------------------ LoRA
+
+    def _lora_off(self, where: str) -> ProtocolError:
+        return ProtocolError(where, "this worker serves no LoRA adapters (--max-loras 0)")
+
+    def _lora_loads(self, step: Step) -> tuple[np.ndarray, list[str]]:
+        """Step.lora's loads; the failed loads' ids and lines."""
+        if self.lora is None:
+            raise self._lora_off("Step.lora")
+        failed, errors = [], []
+        for i, load in enumerate(step.lora.loads):
+            where = f"Step.lora.loads[{i}].lora_id"
+            if load.lora_id < 1:
+                raise ProtocolError(where, f"{load.lora_id} is not an adapter id (ids start at 1; 0 is the base model)")
+            if load.lora_id in self.lora.adapters:
+                raise ProtocolError(where, f"adapter {load.lora_id} is already loaded")
+            error = self.lora.load(load.lora_id, load.name, load.path)
+            if error is not None:
+                failed.append(load.lora_id)
+                errors.append(error)
+        return np.asarray(failed, np.int32), errors
+
+    def _lora_unloads(self, step: Step) -> None:
+        for i, lora_id in enumerate(step.lora.unloads.tolist()):
+            users = self.lora_users.get(lora_id, 0)
+            if users:
+                raise ProtocolError(f"Step.lora.unloads[{i}]", f"adapter {lora_id} is used by {users} live request(s)")
+            self.lora.unload(lora_id)  # an id not loaded (a failed load) is ignored: unloading twice is harmless
+
+    def _check_lora_id(self, where: str, lora_id: int) -> None:
+        if self.lora is None:
+            raise self._lora_off(f"{where}.lora_id")
+        if lora_id not in self.lora.adapters:
+            raise ProtocolError(f"{where}.lora_id", f"adapter {lora_id} is not loaded")
+
+    def _lora_user(self, lora_id: int, change: int) -> None:
+        users = self.lora_users.get(lora_id, 0) + change
+        if users:
+            self.lora_users[lora_id] = users
+        else:
+            del self.lora_users[lora_id]
+
+    def _slot_lora_column(self) -> np.ndarray:
+        """slot_lora, grown to the persistent batch's slots (a column like the batch's own)."""
+        capacity = self.batch.tokens.shape[0]
+        if len(self.slot_lora) < capacity:
+            self.slot_lora = np.concatenate((self.slot_lora, np.zeros(capacity - len(self.slot_lora), np.int32)))
+        return self.slot_lora
+
+    def _lora_batch(self, slots: np.ndarray, inputs: StepInputs) -> LoraBatch | None:
+        """The step's LoraBatch (None: no row uses an adapter), after checking --max-loras."""
+        row_lora = self._slot_lora_column()[slots]
+        used = np.unique(row_lora[row_lora != 0])
+        if not len(used):
+            return None
+        if len(used) > self.lora.max_loras:
+            raise ProtocolError(
+                "Step.req_ids", f"rows use {len(used)} adapters ({', '.join(map(str, used.tolist()))}), more than --max-loras {self.lora.max_loras}"
+            )
+        if self.model is None:
+            return None  # dummy-null: no forward pass to apply them to
+        return self.lora.batch(self.slot_lora[inputs.token_slots_host])
 
     def _rows(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validates the per-row arrays, appends each row's new blocks and
