@@ -9,9 +9,10 @@
 // usage: node bench/embeddings_bench.mjs MODEL_DIR [TOTAL=512] [WORDS=32]
 //   a random-weight directory of all-MiniLM-L6-v2's shape:
 //   .venv/bin/python python/tests/random_embedders.py build --kind minilm-mean-norm --out /tmp/minilm
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { startBatonServer } from "./baton-server.mjs";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const [dir, total = 512, words = 32] = [process.argv[2], Number(process.argv[3] ?? 512), Number(process.argv[4] ?? 32)];
@@ -21,18 +22,7 @@ const VOCAB = ["the", "cat", "sat", "on", "mat", "a", "dog", "is", "and", "of", 
 // Deterministic texts of WORDS words, each different.
 const texts = Array.from({ length: total }, (_, i) => Array.from({ length: words }, (_, j) => VOCAB[(i * 7 + j * (i % 5 + 1)) % VOCAB.length]).join(" "));
 
-const server = spawn(process.execPath, [join(repo, "bin", "baton.mjs"), "serve", dir, "--port", "0", "--max-num-seqs", "256", "--log-level", "warn"], { stdio: ["ignore", "pipe", "pipe"] });
-const url = await new Promise((resolve, reject) => {
-  let out = "";
-  const onData = (chunk) => {
-    out += chunk;
-    const match = out.match(/on (http:\/\/[\d.]+:\d+)/);
-    if (match) resolve(match[1]);
-  };
-  server.stdout.on("data", onData);
-  server.stderr.on("data", onData);
-  server.once("exit", (code) => reject(new Error(`server exited ${code}:\n${out}`)));
-});
+const { url, stop } = await startBatonServer([dir, "--max-num-seqs", "256", "--log-level", "warn"]);
 
 async function embed(input) {
   const r = await fetch(`${url}/v1/embeddings`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ input }) });
@@ -50,7 +40,7 @@ try {
     baton[batch] = done / ((performance.now() - t0) / 1000);
   }
 } finally {
-  server.kill("SIGTERM");
+  stop();
 }
 
 const py = `

@@ -8,10 +8,11 @@
 //   BASE_DIR: a decoder directory, e.g. .venv/bin/python bench/make_llama_19m.py --out /tmp/llama-19m
 //   The adapters (rank 16 on all seven projections, seeded) are built next to it by
 //   python/tests/random_loras.py.
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { runCompletions, startBatonServer } from "./baton-server.mjs";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const [base, numAdapters, concurrency, rounds, maxTokens] = [process.argv[2], Number(process.argv[3] ?? 8), Number(process.argv[4] ?? 32), Number(process.argv[5] ?? 2), Number(process.argv[6] ?? 64)];
@@ -28,45 +29,17 @@ if (!names.every((n) => existsSync(join(adapterRoot, n, "adapter_config.json")))
   if (build.status !== 0) throw new Error(build.stderr);
 }
 
-const args = [join(repo, "bin", "baton.mjs"), "serve", base, "--port", "0", "--log-level", "warn", "--enable-lora", "--max-loras", String(numAdapters), "--max-lora-rank", "16"];
+const args = [base, "--log-level", "warn", "--enable-lora", "--max-loras", String(numAdapters), "--max-lora-rank", "16"];
 for (const n of names) args.push("--lora-modules", `${n}=${join(adapterRoot, n)}`);
-const server = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] });
-const url = await new Promise((resolve, reject) => {
-  let out = "";
-  const onData = (chunk) => {
-    out += chunk;
-    const match = out.match(/on (http:\/\/[\d.]+:\d+)/);
-    if (match) resolve(match[1]);
-  };
-  server.stdout.on("data", onData);
-  server.stderr.on("data", onData);
-  server.once("exit", (code) => reject(new Error(`server exited ${code}:\n${out}`)));
-});
+const { url, stop } = await startBatonServer(args);
 
 const WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "birds", "sing"];
 const prompts = Array.from({ length: concurrency * 2 }, (_, i) => Array.from({ length: 24 }, (_, j) => WORDS[(i * 5 + j * 3) % WORDS.length]).join(" "));
 
-/** Output tokens/s of `prompts.length` requests, `concurrency` at a time, request i on model pick(i). */
+/** Output tokens/s of the prompts, `concurrency` at a time, request i on model pick(i). */
 async function run(pick) {
-  let next = 0;
-  let tokens = 0;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < prompts.length) {
-        const i = next++;
-        const r = await fetch(`${url}/v1/completions`, {
-          method: "POST",
-          headers: { "content-type": "application/json" },
-          body: JSON.stringify({ model: pick(i), prompt: prompts[i], max_tokens: maxTokens, ignore_eos: true, temperature: 0 }),
-        });
-        const body = await r.json();
-        if (r.status !== 200) throw new Error(JSON.stringify(body));
-        tokens += body.usage.completion_tokens;
-      }
-    }),
-  );
-  return tokens / ((performance.now() - t0) / 1000);
+  const body = (i) => ({ model: pick(i), prompt: prompts[i], max_tokens: maxTokens, ignore_eos: true, temperature: 0 });
+  return (await runCompletions(url, prompts.length, concurrency, body)).rate;
 }
 
 const results = { base: [], mixed: [] };
@@ -77,7 +50,7 @@ try {
     for (const kind of order) results[kind].push(await run(kind === "base" ? () => undefined : (i) => names[i % names.length]));
   }
 } finally {
-  server.kill("SIGTERM");
+  stop();
 }
 
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
+__all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "SpecWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 12
+PROTOCOL_VERSION = 13
 
 
 @dataclass
@@ -196,6 +196,12 @@ class LoraWork:
 
 
 @dataclass
+class SpecWork:
+    draft_counts: np.ndarray
+    draft_ids: np.ndarray
+
+
+@dataclass
 class Step:
     """Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
 
@@ -223,7 +229,9 @@ class Step:
 
     KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
 
-    lora (LoraWork, nil when the step carries none): LoRA adapters, loads before anything else in the step (lora_id >= 1 names the PEFT directory at path; a load that fails is answered in StepResult.lora_load_failed / lora_load_errors, one line naming the problem, and that id stays unknown); unloads after the step's removed (no request live after them may use the id). AddedRequest.lora_id is the adapter every row of that request runs with (0: the base model); a step's rows use at most the worker's --max-loras distinct adapters."""
+    lora (LoraWork, nil when the step carries none): LoRA adapters, loads before anything else in the step (lora_id >= 1 names the PEFT directory at path; a load that fails is answered in StepResult.lora_load_failed / lora_load_errors, one line naming the problem, and that id stays unknown); unloads after the step's removed (no request live after them may use the id). AddedRequest.lora_id is the adapter every row of that request runs with (0: the base model); a step's rows use at most the worker's --max-loras distinct adapters.
+
+    spec (SpecWork, nil when no row carries drafts): speculative decoding. draft_counts[i] draft tokens, taken in order from draft_ids, follow row i's known tokens: the row runs num_new_tokens[i] = (its tokens from num_computed) + draft_counts[i] positions, the drafts last, and samples (sample[i] = 1) at its last known token and at every draft. The worker verifies the drafts (greedy: a draft is accepted while it equals the token the target samples before it) and appends the accepted drafts and the token sampled after them; KV written for rejected drafts is ignored (those positions are recomputed later). Only rows whose sampling the worker can verify carry drafts."""
 
     step_id: int
     added: list[AddedRequest]
@@ -238,6 +246,7 @@ class Step:
     graph: GraphWork | None = None
     kv: KvWork | None = None
     lora: LoraWork | None = None
+    spec: SpecWork | None = None
 
 
 @dataclass
@@ -291,7 +300,9 @@ class StepResult:
 
     Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
 
-    prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request."""
+    prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request.
+
+    token_counts (nil: one token per sampled row): how many of token_ids each sampled row appended, in row order (a row with drafts: its accepted drafts plus one). draft_counts / draft_ids (nil: no proposals): the worker's proposals (speculative decoding, --speculative-config) for each sampled row's next step, draft_counts[i] ids each, in row order; the engine may schedule fewer."""
 
     step_id: int
     req_ids: np.ndarray
@@ -315,6 +326,9 @@ class StepResult:
     pooled: np.ndarray | None = None
     lora_load_failed: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
     lora_load_errors: list[str] = dataclasses.field(default_factory=lambda: [])
+    token_counts: np.ndarray | None = None
+    draft_counts: np.ndarray | None = None
+    draft_ids: np.ndarray | None = None
 
 
 @dataclass
@@ -329,7 +343,7 @@ class Fatal:
     message: str
 
 
-STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "PoolingInfo": PoolingInfo, "KvWork": KvWork, "LoraLoad": LoraLoad, "LoraWork": LoraWork}
+STRUCT_CLASSES: dict[str, type] = {"SamplingParams": SamplingParams, "AddedRequest": AddedRequest, "StepTimings": StepTimings, "WireValue": WireValue, "NamedValues": NamedValues, "ChunkPosition": ChunkPosition, "NodePass": NodePass, "PassBatch": PassBatch, "PromptRequest": PromptRequest, "PromptResult": PromptResult, "ClientChunk": ClientChunk, "KvTransfer": KvTransfer, "PassResult": PassResult, "GraphWork": GraphWork, "PoolingInfo": PoolingInfo, "KvWork": KvWork, "LoraLoad": LoraLoad, "LoraWork": LoraWork, "SpecWork": SpecWork}
 MESSAGE_CLASSES: dict[str, type] = {"Step": Step, "StepMask": StepMask, "Ping": Ping, "Shutdown": Shutdown, "Ready": Ready, "StepResult": StepResult, "Pong": Pong, "Fatal": Fatal}
 
 # Wire layout, in field order: (name, type, nullable, struct name or None).
@@ -464,6 +478,10 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("loads", "struct[]", False, "LoraLoad"),
         ("unloads", "i32[]", False, None),
     ),
+    "SpecWork": (
+        ("draft_counts", "i32[]", False, None),
+        ("draft_ids", "i32[]", False, None),
+    ),
 }
 # name -> (tag, sender, fields)
 MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
@@ -484,6 +502,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("graph", "struct", True, "GraphWork"),
             ("kv", "struct", True, "KvWork"),
             ("lora", "struct", True, "LoraWork"),
+            ("spec", "struct", True, "SpecWork"),
         ),
     ),
     "StepMask": (
@@ -549,6 +568,9 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("pooled", "f32[]", True, None),
             ("lora_load_failed", "i32[]", False, None),
             ("lora_load_errors", "str[]", False, None),
+            ("token_counts", "i32[]", True, None),
+            ("draft_counts", "i32[]", True, None),
+            ("draft_ids", "i32[]", True, None),
         ),
     ),
     "Pong": (

@@ -9,6 +9,14 @@ With overlap=True it also schedules as the engine's overlap ("async") mode
 does: step N+1 is built and launched (StepRunner.launch) before step N is
 finished, a row sampled at N counting its token as known; results are
 applied in order, two steps at most outstanding.
+
+With spec_tokens=K (speculative decoding, the worker started with
+--num-speculative-tokens K) it schedules drafts as the engine does: a decode
+row whose request got proposals in the last result (StepResult.draft_counts /
+draft_ids) carries up to K of them in Step.spec (fewer where the token budget
+or max_new_tokens leave less room), runs 1 + d tokens and samples; the
+result's token_counts say how many tokens it appended, and num_computed goes
+back to the last appended token (the rejected drafts' KV is recomputed).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from baton_worker import protocol
-from baton_worker.protocol import AddedRequest, SamplingParams, Step
+from baton_worker.protocol import AddedRequest, SamplingParams, SpecWork, Step
 
 
 @dataclass
@@ -41,6 +49,8 @@ class SimRequest:
     prompt_logprobs: int = -1
     prompt_results: list[tuple[float, int, list[int], list[float]]] = field(default_factory=list)
     lora_id: int = 0  # AddedRequest.lora_id: the adapter its rows run with (0: the base model)
+    proposal: list[int] = field(default_factory=list)  # the worker's drafts for the next step (speculative decoding)
+    drafts: int = 0  # drafts the step in flight carries
 
     @property
     def output(self) -> list[int]:
@@ -49,10 +59,13 @@ class SimRequest:
 
 class EngineSim:
     def __init__(self, runner, block_size: int, num_blocks: int, token_budget: int = 8, seed: int = 0, overlap: bool = False,
-                 max_loras: int | None = None):
+                 max_loras: int | None = None, spec_tokens: int = 0):
         """max_loras: as the engine's --max-loras, the most distinct adapters a step's rows use (a row that
-        would add one more waits)."""
+        would add one more waits). spec_tokens: the most drafts a row carries (0: no speculative decoding)."""
         self.runner = runner
+        self.spec_tokens = spec_tokens
+        # Speculative decoding's counts: drafts proposed (in results), scheduled, accepted and rejected.
+        self.proposed = self.scheduled = self.accepted = self.rejected = 0
         self.max_loras = max_loras
         self.overlap = overlap
         self.outstanding: list = []  # (launched step, its rows), oldest first
@@ -114,10 +127,18 @@ class EngineSim:
         budget = self.token_budget
         rows: list[tuple[SimRequest, int]] = []
         adapters: set[int] = set()
+        draft_counts, draft_ids = [], []
         for r in decodes + prefills:
             count = min(known[r.req_id] - r.num_computed, budget)
             if count <= 0:
                 continue
+            r.drafts = 0
+            if r in decodes and r.proposal and not self.overlap:
+                # The row appends up to d + 1 tokens: leave room for them within max_new_tokens and the budget.
+                r.drafts = max(0, min(len(r.proposal), self.spec_tokens, r.max_new_tokens - len(r.output) - 1, budget - count))
+                draft_ids += r.proposal[: r.drafts]
+                count += r.drafts
+            draft_counts.append(r.drafts)
             if self.max_loras is not None and r.lora_id and r.lora_id not in adapters:
                 if len(adapters) >= self.max_loras:
                     continue
@@ -137,7 +158,7 @@ class EngineSim:
             r.blocks += fresh
             counts.append(len(fresh))
             new_ids += fresh
-        sample = [int(r.num_computed + c == known[r.req_id]) for r, c in rows]
+        sample = [int(r.num_computed + c == known[r.req_id] + r.drafts) for r, c in rows]
         step = Step(
             step_id=self.step_id,
             added=added,
@@ -149,7 +170,9 @@ class EngineSim:
             new_block_ids=np.array(new_ids, np.int32),
             sample=np.array(sample, np.uint8),
             lora=self.pending_lora,
+            spec=SpecWork(np.array(draft_counts, np.int32), np.array(draft_ids, np.int32)) if draft_ids else None,
         )
+        self.scheduled += len(draft_ids)
         self.pending_removals = []
         self.pending_lora = None
         self.steps.append(step)
@@ -173,10 +196,25 @@ class EngineSim:
                     top_at += k
                 at += count
         top_offset = 0
-        for i, (req_id, token) in enumerate(zip(result.req_ids, result.token_ids)):
+        counts = result.token_counts.tolist() if result.token_counts is not None else [1] * len(result.req_ids)
+        starts = np.concatenate(([0], np.cumsum(counts, dtype=np.int64)))
+        draft_at = 0
+        for i, req_id in enumerate(result.req_ids):
             r = by_id[int(req_id)]
             r.in_flight -= 1
-            r.tokens.append(int(token))
+            r.tokens += result.token_ids[starts[i] : starts[i + 1]].tolist()
+            if r.drafts:
+                accepted = counts[i] - 1
+                self.accepted += accepted
+                self.rejected += r.drafts - accepted
+                r.num_computed = len(r.tokens) - 1  # the last appended token's KV is computed next step
+                r.drafts = 0
+            r.proposal = []
+            if result.draft_counts is not None:
+                n = int(result.draft_counts[i])
+                r.proposal = result.draft_ids[draft_at : draft_at + n].tolist()
+                draft_at += n
+                self.proposed += n
             if result.logprobs is not None:
                 r.logprobs.append(float(result.logprobs[i]))
             if result.top_counts is not None:

@@ -143,7 +143,7 @@ def _step_wire():
         (lambda w: w[2][1][3].__setitem__(4, None) or w[2][1][3].__setitem__(0, None), r"^Step\.added\[1\]\.sampling\.temperature: expected a value, got nil"),
         (lambda w: w[2][0].__setitem__(1, [1, 2]), r"^Step\.added\[0\]\.token_ids: expected i32\[\] \(bin\), got array"),
         (lambda w: w.__setitem__(4, b"\x00\x01\x02"), r"^Step\.req_ids: i32\[\] byte length 3 is not a multiple of 4"),
-        (lambda w: w.pop(), r"^Step: expected 13 fields, got 12"),
+        (lambda w: w.pop(), r"^Step: expected 14 fields, got 13"),
         (lambda w: w[2].__setitem__(0, {"req_id": 1}), r"^Step\.added\[0\]: expected AddedRequest \(array\), got map"),
         (lambda w: w.__setitem__(0, "stepp"), r"^message\.tag: unknown tag 'stepp'"),
         (lambda w: w.__setitem__(0, 5), r"^message\.tag: expected str, got int"),

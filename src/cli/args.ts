@@ -90,6 +90,18 @@ export interface ServeOptions {
   responsesStore: ResponseStoreOptions;
   /** --enable-lora and its flags; null: LoRA off. */
   lora: LoraOptions | null;
+  /** --speculative-config; null: no speculative decoding. */
+  speculative: SpeculativeConfig | null;
+}
+
+/** vLLM's --speculative-config, as served: n-gram prompt lookup. */
+interface SpeculativeConfig {
+  method: "ngram";
+  /** Most drafts a row verifies per step. */
+  numSpeculativeTokens: number;
+  /** The n-gram lengths the proposer matches, longest first. */
+  promptLookupMin: number;
+  promptLookupMax: number;
 }
 
 /** An adapter named on the command line (--lora-modules). */
@@ -182,6 +194,7 @@ const SERVE_FLAGS = {
   "max-loras": { type: "string" },
   "max-lora-rank": { type: "string" },
   "allow-runtime-lora-updating": { type: "boolean" },
+  "speculative-config": { type: "string" },
   help: { type: "boolean", short: "h" },
 } as const;
 
@@ -402,6 +415,7 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
         ttlMs: (secondsFlag(values["responses-store-ttl"], "responses-store-ttl", 1) ?? RESPONSES_STORE_DEFAULTS.ttlMs / 1000) * 1000,
       },
       lora: loraOptions(values, env),
+      speculative: speculativeConfig(values["speculative-config"]),
     },
   };
 }
@@ -447,6 +461,36 @@ function loraModule(text: string): LoraModule {
   const eq = text.indexOf("=");
   if (eq <= 0 || eq === text.length - 1) throw new UsageError(`invalid value '${text}' for --lora-modules: expected name=path`);
   return { name: text.slice(0, eq), path: text.slice(eq + 1) };
+}
+
+/** --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, ...}' (vLLM's keys). */
+function speculativeConfig(value: string | undefined): SpeculativeConfig | null {
+  if (value === undefined) return null;
+  const bad = (why: string): never => {
+    throw new UsageError(`invalid value '${value}' for --speculative-config: ${why}`);
+  };
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(value);
+  } catch {
+    bad("expected a JSON object");
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return bad("expected a JSON object");
+  const config = parsed as Record<string, unknown>;
+  const known = ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"];
+  const unknown = Object.keys(config).filter((k) => !known.includes(k));
+  if (unknown.length > 0) bad(`unknown key ${unknown[0]} (served: ${known.join(", ")})`);
+  if (config.method !== "ngram") bad(`method ${JSON.stringify(config.method ?? null)} is not served (served: "ngram")`);
+  const int = (key: string, fallback: number | null): number => {
+    const v = config[key] ?? fallback;
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 1) return bad(`${key} must be a positive integer`);
+    return v;
+  };
+  const numSpeculativeTokens = int("num_speculative_tokens", null);
+  const promptLookupMax = int("prompt_lookup_max", 3);
+  const promptLookupMin = int("prompt_lookup_min", Math.min(1, promptLookupMax));
+  if (promptLookupMin > promptLookupMax) bad(`prompt_lookup_min ${promptLookupMin} is above prompt_lookup_max ${promptLookupMax}`);
+  return { method: "ngram", numSpeculativeTokens, promptLookupMin, promptLookupMax };
 }
 
 /** --hf-overrides '{...}': a JSON object, passed to the worker as it is. */
@@ -543,6 +587,10 @@ Options (vLLM's names; --flag value or --flag=value):
   --max-lora-rank N                highest adapter rank accepted (default 16)
   --allow-runtime-lora-updating    serve /v1/load_lora_adapter and /v1/unload_lora_adapter
                                    (also VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, as vLLM)
+  --speculative-config JSON        speculative decoding, vLLM's keys: '{"method": "ngram",
+                                   "num_speculative_tokens": 4, "prompt_lookup_max": 3,
+                                   "prompt_lookup_min": 1}' (n-gram prompt lookup; greedy rows
+                                   verify drafts, other rows decode as usual)
   --no-enable-prefix-caching       turn prefix caching off
   --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
   --no-engine-thread               run the engine core on the HTTP server's event loop instead of

@@ -271,5 +271,6 @@ function graphOnlyStep(): StepMessage {
     graph: null,
     kv: null,
     lora: null,
+    spec: null,
   };
 }

@@ -18,7 +18,8 @@ import type { WorkerHealthEvent } from "../worker/types.js";
 import { EMPTY_STATS, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTiming } from "../engine/step-timings.js";
 import type { EngineRequest, OutputCallback, RequestId } from "../engine/types.js";
-import { LoraLoadError, type LoraAdapterRef } from "../engine/lora.js";
+import { loadOnAll, type LoraAdapterRef } from "../engine/lora.js";
+import { addSpecDecodeStats, emptySpecDecodeStats } from "../engine/speculation.js";
 import type { GraphEventCallback, GraphRequest, NodeStats, NodeStepSample } from "../conductor/graph-engine.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import type { ReadyMessage } from "../transport/messages.js";
@@ -40,7 +41,7 @@ interface ReplicaState {
 }
 
 /** The stats that add up across replicas. */
-type CountKey = Exclude<keyof EngineStats, "prefillKv">;
+type CountKey = Exclude<keyof EngineStats, "prefillKv" | "specDecode">;
 
 
 /**
@@ -146,6 +147,7 @@ export class DataParallelEngine implements ServingEngine {
     for (const replica of this.replicas) {
       const s = replica.stats;
       for (const key of Object.keys(total) as CountKey[]) total[key] = (total[key] ?? 0) + (s[key] ?? 0);
+      if (s.specDecode !== undefined) total.specDecode = addSpecDecodeStats(total.specDecode ?? emptySpecDecodeStats(), s.specDecode);
     }
     return total;
   }
@@ -215,12 +217,8 @@ export class DataParallelEngine implements ServingEngine {
   }
 
   /** On every replica: a request of the adapter may go to any of them. */
-  async loadLora(ref: LoraAdapterRef): Promise<void> {
-    const loads = await Promise.allSettled(this.replicas.map((r) => r.loadLora(ref)));
-    const failed = loads.find((l) => l.status === "rejected");
-    if (failed === undefined) return;
-    for (const r of this.replicas) r.unloadLora(ref.id);
-    throw failed.reason instanceof Error ? failed.reason : new LoraLoadError(String(failed.reason));
+  loadLora(ref: LoraAdapterRef): Promise<void> {
+    return loadOnAll(this.replicas, ref);
   }
 
   unloadLora(id: number): void {

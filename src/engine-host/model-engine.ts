@@ -13,7 +13,7 @@ import { GraphEngine, type GraphEngineOptions, type GraphEventCallback, type Gra
 import { WorkerLane, type LaneListener } from "../conductor/worker-lane.js";
 import { EngineCore, RequestRejectedError, type EngineConfig, type EngineStats } from "../engine/engine-core.js";
 import type { StepTimingRing } from "../engine/step-timings.js";
-import { LoraLoadError, type LoraAdapterRef } from "../engine/lora.js";
+import { loadOnAll, type LoraAdapterRef } from "../engine/lora.js";
 import type { EngineRequest, RequestId } from "../engine/types.js";
 import type { CompiledGraph } from "../graph/compile.js";
 import { DisaggregatedCore, kvNodeRanks } from "../kv-connector/disaggregated-core.js";
@@ -143,13 +143,8 @@ class LlmEngine implements ModelEngine {
     this.engine.abort(requestId);
   }
 
-  async loadLora(ref: LoraAdapterRef): Promise<void> {
-    const loads = await Promise.allSettled(this.cores.map((c) => c.core.loadLora(ref)));
-    const failed = loads.find((l) => l.status === "rejected");
-    if (failed === undefined) return;
-    // All or nothing: a core that took it lets it go again.
-    for (const c of this.cores) c.core.unloadLora(ref.id);
-    throw failed.reason instanceof Error ? failed.reason : new LoraLoadError(String(failed.reason));
+  loadLora(ref: LoraAdapterRef): Promise<void> {
+    return loadOnAll(this.cores.map((c) => c.core), ref);
   }
 
   unloadLora(id: number): void {

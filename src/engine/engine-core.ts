@@ -90,6 +90,7 @@ import { collectPromptLogprobs, tokenLogprob } from "./logprobs.js";
 import { WorkerLossRecovery } from "./recovery.js";
 import { buildStepMessage } from "./step-builder.js";
 import { LoraAdapters, LoraLoadError, type LoraAdapterRef } from "./lora.js";
+import { draftCount, DraftReader, Speculation, type SpecDecodeStats } from "./speculation.js";
 import { StepTimingRing } from "./step-timings.js";
 import { checkStop, type StopResult } from "./stop-checker.js";
 import type { MaskPlan, StepMasks } from "./step-masks.js";
@@ -131,6 +132,8 @@ export interface EngineStats {
   numSinkErrors: number;
   /** Bytes of KV received from other workers (KV connector). */
   numKvTransferBytes?: number;
+  /** Speculative decoding's counters (absent: it is off). */
+  specDecode?: SpecDecodeStats;
   /** Prefill/decode disaggregation: the prefill side's KV blocks (the rest of these stats are the decode side's). */
   prefillKv?: { numFreeBlocks: number; numBlocks: number; numHeldBlocks: number };
 }
@@ -237,6 +240,8 @@ export class EngineCore {
   private numKvTransferBytes = 0;
   /** LoRA adapters on the worker (--max-loras > 0). */
   private readonly adapters = new LoraAdapters();
+  /** Speculative decoding (null: off). */
+  private readonly speculation: Speculation | null;
 
   constructor(executor: StepExecutor, config: EngineConfig, options: EngineCoreOptions) {
     this.masks = options.masks ?? null;
@@ -251,7 +256,9 @@ export class EngineCore {
     this.scheduler.loraReady = (id) => this.adapters.ready(id);
     this.timings = new StepTimingRing(config.timingCapacity ?? 1024);
     this.maxLen = Math.min(config.maxModelLen, config.numBlocks * config.blockSize + 1);
-    this.maxInFlight = config.asyncScheduling === false ? 1 : 2;
+    this.speculation = (config.numSpeculativeTokens ?? 0) > 0 ? new Speculation() : null;
+    // A step's drafts come from the previous step's result: speculation runs one step at a time.
+    this.maxInFlight = config.asyncScheduling === false || this.speculation !== null ? 1 : 2;
     this.checkExecutor(executor);
     this.limits = { ...config, vocabSize: executor.ready.vocab_size };
     this.recovery = new WorkerLossRecovery(config.maxRequestMigrations ?? 0);
@@ -277,6 +284,7 @@ export class EngineCore {
       numPrefixHitTokens: this.scheduler.numPrefixHitTokens,
       numSinkErrors: this.numSinkErrors,
       numKvTransferBytes: this.numKvTransferBytes,
+      ...(this.speculation === null ? {} : { specDecode: { ...this.speculation.stats, acceptedPerPosition: [...this.speculation.stats.acceptedPerPosition] } }),
     };
   }
 
@@ -496,10 +504,12 @@ export class EngineCore {
     this.recovery.stepAnswered(step.out.added);
     const failedAdapters = this.adapters.stepAnswered(step.message, result);
     const t3 = performance.now();
+    if (step.message.spec !== null) this.speculation?.acceptDrafts(this.scheduler, step.out, step.message, result);
     this.scheduler.updateAfterStep(step.out);
     if (result.kv_loaded.length > 0 || result.kv_load_failed.length > 0) this.applyLoadResults(result);
     this.applyPendingAborts();
     this.processResult(step.out, step.message, result);
+    if (step.message.spec !== null) this.scheduler.commitDrafts(step.out);
     // A reload on a restarted worker failed: the requests waiting for that adapter cannot run.
     if (failedAdapters.size > 0) {
       for (const request of [...this.requests.values()]) {
@@ -591,18 +601,28 @@ export class EngineCore {
     if (result.prompt_counts !== null) collectPromptLogprobs(out, message, result, this.limits.vocabSize);
     const now = performance.now();
     const outputs = this.outputs;
+    const counts = result.token_counts;
+    const drafts = result.draft_counts === null ? null : new DraftReader(result.draft_counts, result.draft_ids);
     let k = 0;
+    let t = 0;
     let topAt = 0;
     for (let i = 0; i < out.requests.length; i++) {
       if (message.sample[i] === 0) continue;
       const request = out.requests[i] as Request;
-      const token = result.token_ids[k] as number;
+      // Speculative decoding: a row may append several tokens (its accepted drafts, then one more).
+      const count = counts === null ? 1 : (counts[k] as number);
+      const first = t;
+      t += count;
+      const token = result.token_ids[t - 1] as number;
       const logprob = request.numLogprobs >= 0 ? tokenLogprob(result, k, token, topAt) : null;
       if (result.top_counts !== null) topAt += result.top_counts[k] as number;
+      const proposals = drafts?.next() ?? null;
       k++;
       // Aborted while the step ran, or stopped one step earlier (overlap): the token is dropped.
       // A request preempted after this step was sent keeps its token (the worker computed it validly).
       if (request.status === "finished") continue;
+      if (count > 1 && this.appendDrafted(request, result.token_ids, first, t - 1, now)) continue;
+      if (proposals !== null && request.status === "running") request.draftIds = proposals;
       request.appendOutputToken(token);
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
       request.lastTokenMs = now;
@@ -620,6 +640,29 @@ export class EngineCore {
       }
       this.emit(output);
     }
+  }
+
+  /**
+   * A row's accepted drafts, tokens[from, to), appended one by one as if
+   * sampled one per step: each goes out as a plain token, and one that stops
+   * the request ends it (the rest are dropped). True when it stopped.
+   */
+  private appendDrafted(request: Request, tokens: Int32Array, from: number, to: number, now: number): boolean {
+    for (let j = from; j < to; j++) {
+      const token = tokens[j] as number;
+      request.appendOutputToken(token);
+      if (request.firstTokenMs < 0) request.firstTokenMs = now;
+      request.lastTokenMs = now;
+      const stop = checkStop(request, this.maxLen);
+      if (stop === null) {
+        this.outputs.addToken(request.id, token, Math.max(request.numCachedTokens, 0));
+        continue;
+      }
+      this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
+      this.emit(outputOf(request, token, null, stop));
+      return true;
+    }
+    return false;
   }
 
   /** Each row that ended its prompt ends its request with the prompt's pooled vector. */
@@ -840,8 +883,28 @@ function checkResult(step: StepMessage, result: StepResultMessage, pooledDims: n
     }
     return;
   }
-  if (result.req_ids.length !== k || result.token_ids.length !== k) {
-    throw new Error(`step ${step.step_id}: ${result.token_ids.length} sampled tokens for ${k} sampling rows`);
+  if (result.req_ids.length !== k) throw new Error(`step ${step.step_id}: ${result.req_ids.length} sampled rows answered for ${k}`);
+  const counts = result.token_counts;
+  let tokens = k;
+  if (counts !== null) {
+    if (counts.length !== k) throw new Error(`step ${step.step_id}: ${counts.length} token counts for ${k} sampling rows`);
+    tokens = 0;
+    let row = 0;
+    for (let i = 0; i < step.sample.length; i++) {
+      if (step.sample[i] === 0) continue;
+      const count = counts[row++] as number;
+      const most = 1 + draftCount(step, i);
+      if (count < 1 || count > most) throw new Error(`step ${step.step_id}: row ${i} appended ${count} tokens; it could append 1 to ${most}`);
+      tokens += count;
+    }
+  }
+  if (result.token_ids.length !== tokens) {
+    throw new Error(`step ${step.step_id}: ${result.token_ids.length} sampled tokens for ${tokens} expected`);
+  }
+  if (result.draft_counts !== null) {
+    let proposed = 0;
+    for (const n of result.draft_counts) proposed += n;
+    if (result.draft_counts.length !== k || (result.draft_ids?.length ?? 0) !== proposed) throw new Error(`step ${step.step_id}: draft proposals do not match the sampled rows`);
   }
 }
 

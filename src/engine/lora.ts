@@ -151,3 +151,18 @@ export class LoraAdapters {
     }
   }
 }
+
+/** What holds adapters: an engine core, a model's engines, a data-parallel replica. */
+export interface LoraHolder {
+  loadLora(ref: LoraAdapterRef): Promise<void>;
+  unloadLora(id: number): void;
+}
+
+/** Loads the adapter on every holder, or on none: one that took it lets it go again when another refused. */
+export async function loadOnAll(holders: readonly LoraHolder[], ref: LoraAdapterRef): Promise<void> {
+  const loads = await Promise.allSettled(holders.map((h) => h.loadLora(ref)));
+  const failed = loads.find((l) => l.status === "rejected");
+  if (failed === undefined) return;
+  for (const h of holders) h.unloadLora(ref.id);
+  throw failed.reason instanceof Error ? failed.reason : new LoraLoadError(String(failed.reason));
+}

@@ -88,6 +88,8 @@ export class Request {
   kvTransferId = -1;
   /** A pooling model's request (EngineRequest.pooling); null: it generates. */
   readonly pooling: PoolingTraits | null;
+  /** Speculative decoding: the worker's proposals for its next step (empty: none). */
+  draftIds: readonly number[] = NO_DRAFTS;
   /** The LoRA adapter its rows run with (0: the base model). */
   readonly loraId: number;
   /** Parent hash of its first block: the adapter's own (block-hash.ts rootHashOf). */
@@ -151,3 +153,5 @@ export class Request {
     this.outputIds.push(tokenId);
   }
 }
+
+const NO_DRAFTS: readonly number[] = [];

@@ -41,7 +41,14 @@ import type { SchedulerConfig } from "./types.js";
 export interface SchedulerOutput {
   /** Requests with a row this step, in row order (parallel to the arrays below). */
   requests: Request[];
+  /** Positions each row runs, its draft tokens included. */
   numNewTokens: number[];
+  /** Speculative decoding: draft tokens each row verifies after its known tokens (they are the last numDrafts of numNewTokens). */
+  numDrafts: number[];
+  /** The drafts of the rows with any, row after row. */
+  draftIds: number[];
+  /** Set from the step's result: drafts each row accepted (the engine core fills it before updateAfterStep). */
+  numAccepted: number[];
   /** Each row's numComputedTokens before this step: where its tokens start. */
   numComputedBefore: number[];
   /** 1 when the row samples (it reaches all its known tokens), else 0. */
@@ -128,6 +135,9 @@ export class Scheduler {
     const out: SchedulerOutput = {
       requests: [],
       numNewTokens: [],
+      numDrafts: [],
+      draftIds: [],
+      numAccepted: [],
       numComputedBefore: [],
       sample: [],
       added: [],
@@ -151,8 +161,9 @@ export class Scheduler {
         i++;
         continue;
       }
+      const numDraft = numNew === 1 ? this.draftsFor(request, budget - 1) : 0;
       let gotBlocks = true;
-      while (!this.kv.allocate(request, request.numComputedTokens + numNew)) {
+      while (!this.kv.allocate(request, request.numComputedTokens + numNew + numDraft)) {
         const victimIndex = this.pickVictim();
         const victim = this.running[victimIndex] as Request;
         budget += this.unscheduleRow(out, victim);
@@ -165,7 +176,7 @@ export class Scheduler {
         }
       }
       if (!gotBlocks) continue; // the request left running; i already names the next one
-      budget -= this.pushRow(out, request, numNew);
+      budget -= this.pushRow(out, request, numNew, numDraft);
       i++;
     }
 
@@ -175,7 +186,8 @@ export class Scheduler {
     for (let i = 0; i < out.requests.length; i++) {
       const request = out.requests[i] as Request;
       // Advanced now, not after the step, so the next step can be scheduled while this one runs.
-      request.numComputedTokens += out.numNewTokens[i] as number;
+      // Drafts count once the result says which were accepted (acceptDrafts).
+      request.numComputedTokens += (out.numNewTokens[i] as number) - (out.numDrafts[i] as number);
       if (out.sample[i] === 1) request.numInFlightSamples++;
       out.numScheduledTokens += out.numNewTokens[i] as number;
     }
@@ -189,8 +201,36 @@ export class Scheduler {
       // Its sampled token is back (the engine appends or drops it next).
       if (out.sample[i] === 1) request.numInFlightSamples--;
       if (request.status !== "running") continue;
-      this.kv.commitComputed(request, (out.numComputedBefore[i] as number) + (out.numNewTokens[i] as number));
+      // A row's accepted drafts are committed once their tokens are appended (commitDrafts).
+      this.kv.commitComputed(request, (out.numComputedBefore[i] as number) + (out.numNewTokens[i] as number) - (out.numDrafts[i] as number));
     }
+  }
+
+  /** The worker accepted `accepted` of row `row`'s drafts: their KV is valid, the rest is recomputed later. */
+  acceptDrafts(out: SchedulerOutput, row: number, accepted: number): void {
+    out.numAccepted[row] = accepted;
+    (out.requests[row] as Request).numComputedTokens += accepted;
+  }
+
+  /** After the accepted drafts' tokens were appended: the full blocks they completed may serve prefix-cache hits. */
+  commitDrafts(out: SchedulerOutput): void {
+    for (let i = 0; i < out.requests.length; i++) {
+      const request = out.requests[i] as Request;
+      if ((out.numAccepted[i] ?? 0) > 0 && request.status === "running") this.kv.commitComputed(request, request.numComputedTokens);
+    }
+  }
+
+  /**
+   * Drafts a decode row verifies this step: the worker's proposals, at most
+   * numSpeculativeTokens, within the step's budget, and never so many that
+   * accepting all of them (plus the token after them) passes max_tokens or
+   * the model's length.
+   */
+  private draftsFor(request: Request, budget: number): number {
+    const k = this.config.numSpeculativeTokens ?? 0;
+    if (k === 0 || request.draftIds.length === 0 || request.numInFlightSamples > 0) return 0;
+    const room = Math.min(request.maxTokens - request.numOutputTokens, this.maxLen - request.numTokens) - 1;
+    return Math.max(0, Math.min(request.draftIds.length, k, budget, room));
   }
 
   /** Ends a request: drops it from the queues, frees its blocks, tells the worker next step. False if already finished. */
@@ -380,16 +420,22 @@ export class Scheduler {
     return true;
   }
 
-  private pushRow(out: SchedulerOutput, request: Request, numNew: number): number {
+  /** A row of numNew known tokens and numDraft drafts after them; returns the positions it takes from the budget. */
+  private pushRow(out: SchedulerOutput, request: Request, numNew: number, numDraft = 0): number {
     if (!request.onWorker) {
       request.onWorker = true;
       out.added.push(request);
     }
     out.requests.push(request);
-    out.numNewTokens.push(numNew);
+    out.numNewTokens.push(numNew + numDraft);
+    out.numDrafts.push(numDraft);
+    out.numAccepted.push(0);
+    for (let d = 0; d < numDraft; d++) out.draftIds.push(request.draftIds[d] as number);
+    // Proposals are for one step: the result brings the next ones.
+    request.draftIds = NO_DRAFTS;
     out.numComputedBefore.push(request.numComputedTokens);
     out.sample.push(request.numComputedTokens + numNew >= request.numTokensWithInFlight ? 1 : 0);
-    return numNew;
+    return numNew + numDraft;
   }
 
   /** Takes a request's row out of this step (it is being preempted); returns the tokens it had. */
@@ -397,8 +443,16 @@ export class Scheduler {
     const row = out.requests.indexOf(request);
     if (row < 0) return 0;
     const numNew = out.numNewTokens[row] as number;
+    const numDraft = out.numDrafts[row] as number;
+    if (numDraft > 0) {
+      let at = 0;
+      for (let r = 0; r < row; r++) at += out.numDrafts[r] as number;
+      out.draftIds.splice(at, numDraft);
+    }
     out.requests.splice(row, 1);
     out.numNewTokens.splice(row, 1);
+    out.numDrafts.splice(row, 1);
+    out.numAccepted.splice(row, 1);
     out.numComputedBefore.splice(row, 1);
     out.sample.splice(row, 1);
     const added = out.added.indexOf(request);
@@ -425,6 +479,7 @@ export class Scheduler {
   /** Frees the request's blocks and progress and puts it at the front of its priority in waiting. */
   private requeue(request: Request, removed: RequestId[]): void {
     this.kv.free(request);
+    request.draftIds = NO_DRAFTS;
     if (request.onWorker) this.removeFromWorker(request, removed);
     request.numComputedTokens = 0;
     request.status = "waiting";
@@ -455,3 +510,5 @@ function compactInPlace(requests: Request[]): void {
   for (const request of requests) if (request.status !== "finished") requests[kept++] = request;
   requests.length = kept;
 }
+
+const NO_DRAFTS: readonly number[] = [];

@@ -57,6 +57,7 @@ export function buildStepMessage(out: SchedulerOutput, stepId: number, lora: Lor
     // KV connector: loads and cancels are this engine's own; a prefill worker's sends are attached by its lane.
     kv: out.kvLoads.length === 0 && out.kvCancels.length === 0 ? null : { sends: [], loads: out.kvLoads.map(kvLoadOf), cancels: Int32Array.from(out.kvCancels) },
     lora,
+    spec: out.draftIds.length === 0 ? null : { draft_counts: Int32Array.from(out.numDrafts), draft_ids: Int32Array.from(out.draftIds) },
   };
 }
 

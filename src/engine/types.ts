@@ -168,4 +168,6 @@ export interface SchedulerConfig {
   numBlocks: number;
   /** --max-loras: most distinct LoRA adapters among the running requests (a step's rows); 0 or absent: LoRA off. */
   maxLoras?: number;
+  /** --speculative-config's num_speculative_tokens: most draft tokens a decode row verifies; 0 or absent: off. */
+  numSpeculativeTokens?: number;
 }

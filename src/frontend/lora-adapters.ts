@@ -7,14 +7,9 @@
 import { isAbsolute, resolve } from "node:path";
 import type { FastifyInstance } from "fastify";
 import { z } from "zod";
-import type { LoraAdapterRef } from "../engine/lora.js";
+import type { LoraAdapterRef, LoraHolder } from "../engine/lora.js";
 import { ApiError, badRequest } from "./openai-error.js";
 
-/** What the catalog needs of the engine. */
-export interface LoraEngine {
-  loadLora(ref: LoraAdapterRef): Promise<void>;
-  unloadLora(id: number): void;
-}
 
 export interface LoraAdapterEntry extends LoraAdapterRef {
   /** Unix seconds it was added (its /v1/models card). */
@@ -29,7 +24,7 @@ export class LoraCatalog {
   private nextId = 1;
 
   constructor(
-    private readonly engine: LoraEngine,
+    private readonly engine: LoraHolder,
     readonly baseModelName: string,
     /** /v1/load_lora_adapter and /v1/unload_lora_adapter are served. */
     readonly runtimeUpdates: boolean,

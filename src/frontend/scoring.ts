@@ -7,6 +7,9 @@
 // vLLM's examples do), and one prefill-only engine request (pooled-run.ts).
 // The worker answers the classifier's logit; its score is the model's
 // activation of it (scoreOf), unless the request says `activation: false`.
+// On an embedding model (task "embed") each distinct text is embedded once
+// and a pair's score is the cosine similarity of its two vectors, as vLLM
+// scores with an embedding model.
 
 import { randomUUID } from "node:crypto";
 import { performance } from "node:perf_hooks";
@@ -27,6 +30,8 @@ interface ScoringJob {
   pairs: [string, string][];
   /** What each pair is called in error messages (`text_2[3]`, `documents[0]`). */
   params: string[];
+  /** What each pair's first text is called (`text_1`, `text_1[3]`, `query`). */
+  firstParams: string[];
   keepTokens: number | null;
   priority: number;
   activation: boolean;
@@ -46,7 +51,7 @@ function texts(value: unknown, name: string): string[] {
   throw badRequest(`${name} must be a string or a list of strings`, name);
 }
 
-function commonFields(ctx: FrontendContext, body: Record<string, unknown>): Omit<ScoringJob, "pairs" | "params"> {
+function commonFields(ctx: FrontendContext, body: Record<string, unknown>): Omit<ScoringJob, "pairs" | "params" | "firstParams"> {
   if (body.model !== undefined && body.model !== null && typeof body.model !== "string") throw badRequest("model must be a string", "model");
   const activation = body.activation ?? true;
   if (typeof activation !== "boolean") throw badRequest("activation must be a boolean", "activation");
@@ -62,7 +67,8 @@ function parseScoreRequest(ctx: FrontendContext, body: Record<string, unknown>):
   }
   const pairs = second.map((text, i): [string, string] => [(first.length === 1 ? first[0] : first[i]) as string, text]);
   const params = second.map((_, i) => (typeof body.text_2 === "string" ? "text_2" : `text_2[${i}]`));
-  return { ...commonFields(ctx, body), pairs, params };
+  const firstParams = second.map((_, i) => (typeof body.text_1 === "string" ? "text_1" : first.length === 1 ? "text_1[0]" : `text_1[${i}]`));
+  return { ...commonFields(ctx, body), pairs, params, firstParams };
 }
 
 /** The texts' logit -> score, as the model scores (sentence-transformers' CrossEncoder and vLLM alike): the one place it is applied. */
@@ -81,6 +87,7 @@ async function scorePairs(ctx: FrontendContext, pooling: PoolingInfo, job: Scori
   const arrivalMs = performance.now();
   checkModel(ctx, job.model);
   checkAvailable(ctx);
+  if (pooling.task === "embed") return cosineScores(ctx, pooling, job, id, arrivalMs, reply);
   const prompts: number[][] = [];
   for (const [i, [first, second]] of job.pairs.entries()) {
     const ids = await ctx.tokenizer.encodePair(first, second, job.keepTokens);
@@ -90,6 +97,43 @@ async function scorePairs(ctx: FrontendContext, pooling: PoolingInfo, job: Scori
   }
   const logits = await runPooled(ctx, pooling, { id, prompts, params: job.params, priority: job.priority, arrivalMs }, reply);
   return { scores: logits.map((row) => scoreOf(row[0] as number, pooling, job.activation)), numTokens: prompts.reduce((sum, p) => sum + p.length, 0) };
+}
+
+/** An embedding model's scores: each distinct text embedded once (one prompt each), each pair's cosine similarity. */
+async function cosineScores(ctx: FrontendContext, pooling: PoolingInfo, job: ScoringJob, id: string, arrivalMs: number, reply: FastifyReply): Promise<Scored> {
+  const index = new Map<string, number>();
+  const prompts: number[][] = [];
+  const params: string[] = [];
+  const place = async (text: string, param: string): Promise<number> => {
+    const seen = index.get(text);
+    if (seen !== undefined) return seen;
+    let ids = await ctx.tokenizer.encode(text, true);
+    if (job.keepTokens !== null && ids.length > job.keepTokens) ids = ids.slice(ids.length - job.keepTokens);
+    checkPromptLength(ctx, ids, param, param);
+    index.set(text, prompts.length);
+    prompts.push(ids);
+    params.push(param);
+    return prompts.length - 1;
+  };
+  const rows: [number, number][] = [];
+  for (const [i, [first, second]] of job.pairs.entries()) rows.push([await place(first, job.firstParams[i] as string), await place(second, job.params[i] as string)]);
+  const vectors = await runPooled(ctx, pooling, { id, prompts, params, priority: job.priority, arrivalMs }, reply);
+  return { scores: rows.map(([a, b]) => cosine(vectors[a]!, vectors[b]!)), numTokens: prompts.reduce((sum, p) => sum + p.length, 0) };
+}
+
+/** As torch's cosine_similarity: the dot product over the product of the norms, each at least 1e-8. */
+function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  let dot = 0;
+  let aa = 0;
+  let bb = 0;
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i] as number;
+    const y = b[i] as number;
+    dot += x * y;
+    aa += x * x;
+    bb += y * y;
+  }
+  return dot / (Math.max(Math.sqrt(aa), 1e-8) * Math.max(Math.sqrt(bb), 1e-8));
 }
 
 export async function handleScore(ctx: FrontendContext, pooling: PoolingInfo, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
@@ -117,6 +161,7 @@ export async function handleRerank(ctx: FrontendContext, pooling: PoolingInfo, r
     ...commonFields(ctx, body),
     pairs: documents.map((document): [string, string] => [query, document]),
     params: documents.map((_, i) => `documents[${i}]`),
+    firstParams: documents.map(() => "query"),
   };
   const id = `rerank-${randomUUID().replaceAll("-", "")}`;
   const { scores, numTokens } = await scorePairs(ctx, pooling, job, id, reply);

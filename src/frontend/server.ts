@@ -261,11 +261,10 @@ export function buildServer(options: ServerOptions): BatonServer {
     if (pooling.task === "classify") throw badRequest(`model ${name} is a cross-encoder: it scores text pairs (/score, /rerank) and gives no embeddings`);
     return handleEmbeddings(textContext(), pooling, request, reply);
   });
-  // vLLM's scoring routes, on a cross-encoder or reranker only.
+  // vLLM's scoring routes: a cross-encoder or reranker scores a pair itself, an embedding model by cosine similarity.
   const scoringModel = (route: string): PoolingInfo => {
-    if (pooling?.task === "classify") return pooling;
-    const what = pooling === null ? "generates text" : "is an embedding model";
-    throw badRequest(`model ${name} ${what}; ${route} needs a cross-encoder (a *ForSequenceClassification directory, or a reranker served with --hf-overrides)`);
+    if (pooling !== null) return pooling;
+    throw badRequest(`model ${name} generates text; ${route} needs a pooling model (a cross-encoder, a reranker served with --hf-overrides, or an embedding model)`);
   };
   for (const path of ["/score", "/v1/score"]) app.post(path, (request, reply) => handleScore(textContext(), scoringModel("/score"), request, reply));
   for (const path of ["/rerank", "/v1/rerank", "/v2/rerank"]) app.post(path, (request, reply) => handleRerank(textContext(), scoringModel("/rerank"), request, reply));

@@ -218,6 +218,27 @@ export class BatonMetrics implements RequestRecorder {
     counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine.", (s) => s.numPreemptions);
     counter("baton:engine_steps_total", "Engine steps executed.", (s) => s.numSteps);
     counter("baton:kv_transfer_bytes_total", "Bytes of KV cache received from another worker through the KV connector (prefill/decode disaggregation).", (s) => s.numKvTransferBytes ?? 0);
+    // Speculative decoding (vLLM's names): zero while it is off.
+    counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts (rows that verified draft tokens).", (s) => s.specDecode?.numDrafts ?? 0);
+    counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", (s) => s.specDecode?.numDraftTokens ?? 0);
+    counter("vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", (s) => s.specDecode?.numAcceptedTokens ?? 0);
+    const lastPerPosition: number[][] = [];
+    new Counter({
+      name: "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+      help: "Accepted tokens per draft position.",
+      labelNames: [...engineLabelNames, "position"],
+      registers,
+      collect() {
+        engines.forEach((engine, i) => {
+          const now = engine.stats.specDecode?.acceptedPerPosition ?? [];
+          const seen = (lastPerPosition[i] ??= []);
+          now.forEach((n, p) => {
+            if (n > (seen[p] ?? 0)) this.inc({ ...(engineLabels[i] as Record<string, string>), position: String(p) }, n - (seen[p] ?? 0));
+            seen[p] = n;
+          });
+        });
+      },
+    });
 
     this.ttft = new Histogram({ name: "vllm:time_to_first_token_seconds", help: "Histogram of time to first token in seconds.", labelNames, buckets: TTFT_BUCKETS, registers }).labels(model);
     this.itl = new Histogram({ name: "vllm:inter_token_latency_seconds", help: "Histogram of inter-token latency in seconds.", labelNames, buckets: ITL_BUCKETS, registers }).labels(model);

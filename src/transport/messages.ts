@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 12;
+export const PROTOCOL_VERSION = 13;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -165,6 +165,11 @@ export interface LoraWork {
   unloads: Int32Array;
 }
 
+export interface SpecWork {
+  draft_counts: Int32Array;
+  draft_ids: Int32Array;
+}
+
 /**
  * Steps are executed strictly in step_id order (ids strictly increase); step_id is echoed in the result. A step may carry only graph work (no rows).
  * A request has one id everywhere (req_id, req_ids, request_id, finished_requests): the control plane's request id, unique among live requests.
@@ -180,6 +185,7 @@ export interface LoraWork {
  * mask_rows: sampled rows (indices among the rows with sample = 1, in row order) whose logits are masked by a grammar before sampling; their masks come in a StepMask with this step_id, which the worker waits for after the forward pass (the engine computes a row's mask only once the token before it is known, so with two steps in flight the forward runs while the mask is made).
  * KV connector (prefill/decode disaggregation): kv.sends (prefill worker) and kv.loads (decode worker) name the same transfer_id, the tag both sides use in the transfer library; block_ids are the sender's source blocks or the receiver's destination blocks, in the same order, covering the first num_tokens positions of request_id. A sender copies its blocks out when the step arrives and sends them asynchronously; a receiver receives them asynchronously and writes them into its cache only after applying the kv.cancels of a later step (transfer ids whose request ended: their blocks may belong to another request now), so a load reported in a StepResult is in the cache before any later step runs.
  * lora (LoraWork, nil when the step carries none): LoRA adapters, loads before anything else in the step (lora_id >= 1 names the PEFT directory at path; a load that fails is answered in StepResult.lora_load_failed / lora_load_errors, one line naming the problem, and that id stays unknown); unloads after the step's removed (no request live after them may use the id). AddedRequest.lora_id is the adapter every row of that request runs with (0: the base model); a step's rows use at most the worker's --max-loras distinct adapters.
+ * spec (SpecWork, nil when no row carries drafts): speculative decoding. draft_counts[i] draft tokens, taken in order from draft_ids, follow row i's known tokens: the row runs num_new_tokens[i] = (its tokens from num_computed) + draft_counts[i] positions, the drafts last, and samples (sample[i] = 1) at its last known token and at every draft. The worker verifies the drafts (greedy: a draft is accepted while it equals the token the target samples before it) and appends the accepted drafts and the token sampled after them; KV written for rejected drafts is ignored (those positions are recomputed later). Only rows whose sampling the worker can verify carry drafts.
  */
 export interface StepMessage {
   kind: "Step";
@@ -196,6 +202,7 @@ export interface StepMessage {
   graph: GraphWork | null;
   kv: KvWork | null;
   lora: LoraWork | null;
+  spec: SpecWork | null;
 }
 
 /**
@@ -243,6 +250,7 @@ export interface ReadyMessage {
  * pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request.
  * Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
  * prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request.
+ * token_counts (nil: one token per sampled row): how many of token_ids each sampled row appended, in row order (a row with drafts: its accepted drafts plus one). draft_counts / draft_ids (nil: no proposals): the worker's proposals (speculative decoding, --speculative-config) for each sampled row's next step, draft_counts[i] ids each, in row order; the engine may schedule fewer.
  */
 export interface StepResultMessage {
   kind: "StepResult";
@@ -268,6 +276,9 @@ export interface StepResultMessage {
   pooled: Float32Array | null;
   lora_load_failed: Int32Array;
   lora_load_errors: string[];
+  token_counts: Int32Array | null;
+  draft_counts: Int32Array | null;
+  draft_ids: Int32Array | null;
 }
 
 export interface PongMessage {
@@ -291,7 +302,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 12,
+  protocolVersion: 13,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -422,6 +433,10 @@ export const WIRE_TABLES: WireTables = {
       { name: "loads", type: { kind: "struct[]", struct: "LoraLoad", nullable: false, text: "LoraLoad[]" } },
       { name: "unloads", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
     ],
+    SpecWork: [
+      { name: "draft_counts", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+      { name: "draft_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
+    ],
   },
   messages: {
     Step: {
@@ -441,6 +456,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "graph", type: { kind: "struct", struct: "GraphWork", nullable: true, text: "GraphWork?" } },
         { name: "kv", type: { kind: "struct", struct: "KvWork", nullable: true, text: "KvWork?" } },
         { name: "lora", type: { kind: "struct", struct: "LoraWork", nullable: true, text: "LoraWork?" } },
+        { name: "spec", type: { kind: "struct", struct: "SpecWork", nullable: true, text: "SpecWork?" } },
       ],
     },
     StepMask: {
@@ -506,6 +522,9 @@ export const WIRE_TABLES: WireTables = {
         { name: "pooled", type: { kind: "f32[]", nullable: true, text: "f32[]?" } },
         { name: "lora_load_failed", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
         { name: "lora_load_errors", type: { kind: "str[]", nullable: false, text: "str[]" } },
+        { name: "token_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "draft_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "draft_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
       ],
     },
     Pong: {

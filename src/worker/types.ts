@@ -50,6 +50,8 @@ export interface WorkerOptions {
   runner?: Runner;
   /** vLLM's --hf-overrides, as JSON the worker checks (default none). */
   hfOverrides?: Record<string, unknown> | null;
+  /** Speculative decoding's n-gram proposer (absent: off). */
+  speculative?: { numSpeculativeTokens: number; promptLookupMin: number; promptLookupMax: number };
   /** --max-loras and --max-lora-rank: the worker serves LoRA adapters (absent: LoRA off). */
   lora?: { maxLoras: number; maxLoraRank: number };
   /** Most rows a decode step can have: the largest CUDA graph the worker captures. */

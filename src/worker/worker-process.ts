@@ -33,6 +33,10 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.hfOverrides != null) args.push("--hf-overrides", JSON.stringify(opts.hfOverrides));
   if (opts.maxNumSeqs !== undefined) args.push("--max-num-seqs", String(opts.maxNumSeqs));
   if (opts.lora !== undefined) args.push("--max-loras", String(opts.lora.maxLoras), "--max-lora-rank", String(opts.lora.maxLoraRank));
+  if (opts.speculative !== undefined) {
+    const s = opts.speculative;
+    args.push("--num-speculative-tokens", String(s.numSpeculativeTokens), "--prompt-lookup-min", String(s.promptLookupMin), "--prompt-lookup-max", String(s.promptLookupMax));
+  }
   if (opts.onLoadProgress !== undefined) args.push("--progress");
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));
   if (opts.rank !== undefined) args.push("--rank", String(opts.rank));

@@ -83,6 +83,9 @@ class EchoWorker implements WorkerClient {
       kv_bytes: 0,
       lora_load_failed: new Int32Array(0),
       lora_load_errors: [],
+      token_counts: null,
+      draft_counts: null,
+      draft_ids: null,
       pooled: null,
     });
   }

@@ -85,6 +85,7 @@ describe("parseServeArgs", () => {
       media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024 },
       responsesStore: { maxBytes: 256 * 1024 * 1024, ttlMs: 86_400_000 },
       lora: null,
+      speculative: null,
       host: "127.0.0.1",
       port: 8000,
       servedModelName: null,

@@ -50,8 +50,8 @@ const cases: Case[] = [
   { name: "wrong content type", path: C, body: raw("prompt=x", "text/plain"), status: 415 },
   // Pooling routes on a generating model.
   { name: "embeddings on a generating model", path: "/v1/embeddings", body: { input: "the cat" }, status: 400, message: /generates text; \/v1\/embeddings needs a pooling model/ },
-  { name: "score on a generating model", path: "/score", body: { text_1: "a", text_2: "b" }, status: 400, message: /generates text; \/score needs a cross-encoder/ },
-  { name: "rerank on a generating model", path: "/rerank", body: { query: "a", documents: ["b"] }, status: 400, message: /generates text; \/rerank needs a cross-encoder/ },
+  { name: "score on a generating model", path: "/score", body: { text_1: "a", text_2: "b" }, status: 400, message: /generates text; \/score needs a pooling model/ },
+  { name: "rerank on a generating model", path: "/rerank", body: { query: "a", documents: ["b"] }, status: 400, message: /generates text; \/rerank needs a pooling model/ },
   // Model.
   { name: "unknown model", path: C, body: cmp({ model: "gpt-4" }), status: 404, param: "model", message: /gpt-4.*does not exist/ },
   { name: "unknown model (chat)", path: H, body: chat({ model: "llama" }), status: 404, param: "model" },

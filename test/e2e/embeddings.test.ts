@@ -209,8 +209,25 @@ for (const c of CASES) {
       assert.equal((await refused(server, "/v1/embeddings", { input: "x", encoding_format: "hex" })).param, "encoding_format");
       assert.match((await refused(server, "/v1/completions", { prompt: "the cat" })).message, /is a pooling model/);
       assert.match((await refused(server, "/v1/chat/completions", { messages: [{ role: "user", content: "hi" }] })).message, /is a pooling model/);
-      assert.match((await refused(server, "/score", { text_1: "a", text_2: "b" })).message, /is an embedding model; \/score needs a cross-encoder/);
-      assert.match((await refused(server, "/rerank", { query: "a", documents: ["b"] })).message, /is an embedding model; \/rerank needs a cross-encoder/);
+    });
+
+    test("/score and /rerank score a pair by the cosine similarity of sentence-transformers' embeddings", async () => {
+      const cosine = (a: number[], b: number[]): number => {
+        const dot = a.reduce((s, x, i) => s + x * b[i]!, 0);
+        return dot / (Math.hypot(...a) * Math.hypot(...b));
+      };
+      const expected = [1, 2, 3].map((i) => cosine(want[0]!, want[i]!));
+      const score = await postJson<{ data: { index: number; score: number }[]; usage: { prompt_tokens: number } }>(`${server.url}/score`, { text_1: TEXTS[0], text_2: TEXTS.slice(1, 4) });
+      assert.equal(score.status, 200, JSON.stringify(score.body));
+      score.body.data.forEach((d, i) => assert.ok(Math.abs(d.score - expected[i]!) < 1e-5, `pair ${i}: ${d.score} vs ${expected[i]}`));
+      // N-to-N, and the same text twice is one prompt: text_1[1] equals text_2[0].
+      const pairs = await postJson<{ data: { score: number }[] }>(`${server.url}/v1/score`, { text_1: [TEXTS[1], TEXTS[0]], text_2: [TEXTS[0], TEXTS[2]] });
+      assert.ok(Math.abs(pairs.body.data[0]!.score - expected[0]!) < 1e-5 && Math.abs(pairs.body.data[1]!.score - expected[1]!) < 1e-5);
+      const rerank = await postJson<{ results: { index: number; relevance_score: number }[] }>(`${server.url}/rerank`, { query: TEXTS[0], documents: TEXTS.slice(1, 4) });
+      assert.equal(rerank.status, 200);
+      const order = [0, 1, 2].sort((a, b) => expected[b]! - expected[a]!);
+      assert.deepEqual(rerank.body.results.map((r) => r.index), order);
+      assert.equal((await refused(server, "/score", { text_1: "a", text_2: [] })).param, "text_2");
     });
   });
 }

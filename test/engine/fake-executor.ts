@@ -250,6 +250,9 @@ export class FakeExecutor implements StepExecutor {
       kv_bytes: 0,
       lora_load_failed: new Int32Array(0),
       lora_load_errors: [],
+      token_counts: null,
+      draft_counts: null,
+      draft_ids: null,
       pooled: pooled.length > 0 ? Float32Array.from(pooled) : null,
     };
   }

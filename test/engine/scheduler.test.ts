@@ -219,4 +219,36 @@ describe("step builder", () => {
       assert.notDeepEqual(one.blockIds.slice(0, 3), base.blockIds.slice(0, 3));
     });
   });
+
+  describe("speculative decoding", () => {
+    it("gives a decode row its drafts within the budget and max_tokens, counts only accepted ones as computed", () => {
+      const { scheduler, kv } = setup({ numSpeculativeTokens: 3, maxNumBatchedTokens: 64 });
+      const a = new Request(makeRequest(range(6), { maxTokens: 5 }));
+      scheduler.addRequest(a);
+      finishStep(scheduler, scheduler.schedule()); // prefill, one token sampled
+      assert.equal(a.numComputedTokens, 6);
+      a.draftIds = [11, 12, 13, 14];
+      let out = scheduler.schedule();
+      // The last sampled token and three drafts (K = 3), blocks for all of them.
+      assert.deepEqual(rows(out), [[a.id, 6, 4]]);
+      assert.deepEqual(out.numDrafts, [3]);
+      assert.deepEqual(out.draftIds, [11, 12, 13]);
+      assert.equal(a.blockIds.length, kv.blocksFor(10));
+      assert.equal(a.numComputedTokens, 7, "only the known token counts before the result");
+      const step = buildStepMessage(out, 4);
+      assert.deepEqual(Array.from(step.spec!.draft_counts), [3]);
+      assert.deepEqual(Array.from(step.spec!.draft_ids), [11, 12, 13]);
+      assert.deepEqual(a.draftIds, [], "proposals are used once");
+      scheduler.acceptDrafts(out, 0, 2);
+      scheduler.updateAfterStep(out);
+      for (const t of [11, 12, 40]) a.appendOutputToken(t);
+      scheduler.commitDrafts(out);
+      assert.equal(a.numComputedTokens, 9);
+      // Four outputs so far, max_tokens 5: no room for a draft (the token after it would be the sixth).
+      a.draftIds = [1, 2];
+      out = scheduler.schedule();
+      assert.deepEqual(rows(out), [[a.id, 9, 1]]);
+            assert.equal(buildStepMessage(out, 5).spec, null);
+    });
+  });
 });

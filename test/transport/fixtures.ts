@@ -95,6 +95,7 @@ export function step(overrides: Partial<StepMessage> = {}): StepMessage {
     graph: null,
     kv: null,
     lora: null,
+    spec: null,
     ...overrides,
   };
 }
@@ -124,6 +125,9 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     pooled: null,
     lora_load_failed: new Int32Array(0),
     lora_load_errors: [],
+    token_counts: null,
+    draft_counts: null,
+    draft_ids: null,
     ...overrides,
   };
 }

@@ -81,7 +81,7 @@ export async function waitUntil(condition: () => boolean, timeoutMs: number, wha
 export const greedy: SamplingParams = samplingOf(0, null);
 
 /** The fields of a step that carries no graph work and no KV transfer. */
-const NO_GRAPH_WORK = { graph: null, kv: null, lora: null } satisfies Partial<StepMessage>;
+const NO_GRAPH_WORK = { graph: null, kv: null, lora: null, spec: null } satisfies Partial<StepMessage>;
 
 /** A step that adds one request and prefills all of its prompt into fresh blocks. */
 export function prefillStep(stepId: number, reqId: number, prompt: number[], firstBlock: number, sampling: SamplingParams = greedy): StepMessage {

@@ -32,12 +32,9 @@ BLOCK_M = 16
 
 
 @triton.jit
-def lora_shrink_kernel(
-    x_ptr, a_ptr, out_ptr, order_ptr, tiles_ptr,
-    stride_x, stride_a_slot, stride_a_row, stride_out, K, N,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """out[j, :N] = x[order[j], :K] @ a[slot, :N, :K]^T for the entries j of tile program_id(0)."""
+def _tile(tiles_ptr, order_ptr, BLOCK_M: tl.constexpr):
+    """Tile program_id(0): its adapter's slot, its entries of order (rows, masked past the
+    segment's end) and the packed tokens they name."""
     tile = tl.program_id(0)
     first = tl.load(tiles_ptr + 3 * tile)
     end = tl.load(tiles_ptr + 3 * tile + 1)
@@ -45,6 +42,17 @@ def lora_shrink_kernel(
     rows = first + tl.arange(0, BLOCK_M)
     row_mask = rows < end
     tokens = tl.load(order_ptr + rows, mask=row_mask, other=0)
+    return slot, rows, row_mask, tokens
+
+
+@triton.jit
+def lora_shrink_kernel(
+    x_ptr, a_ptr, out_ptr, order_ptr, tiles_ptr,
+    stride_x, stride_a_slot, stride_a_row, stride_out, K, N,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out[j, :N] = x[order[j], :K] @ a[slot, :N, :K]^T for the entries j of tile program_id(0)."""
+    slot, rows, row_mask, tokens = _tile(tiles_ptr, order_ptr, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -68,19 +76,13 @@ def lora_expand_kernel(
 ):
     """y[order[j], c] += t[j, m * R : (m + 1) * R] @ b[slot, c, :R] for the columns c of module m's
     slice [bounds[m], bounds[m + 1]) in output tile program_id(1) (m = program_id(1) // TILES_PER_MODULE)."""
-    tile = tl.program_id(0)
     pid = tl.program_id(1)
     m = pid // TILES_PER_MODULE
     lo = tl.load(bounds_ptr + m)
     hi = tl.load(bounds_ptr + m + 1)
     cols = lo + (pid % TILES_PER_MODULE) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < hi
-    first = tl.load(tiles_ptr + 3 * tile)
-    end = tl.load(tiles_ptr + 3 * tile + 1)
-    slot = tl.load(tiles_ptr + 3 * tile + 2).to(tl.int64)
-    rows = first + tl.arange(0, BLOCK_M)
-    row_mask = rows < end
-    tokens = tl.load(order_ptr + rows, mask=row_mask, other=0)
+    slot, rows, row_mask, tokens = _tile(tiles_ptr, order_ptr, BLOCK_M)
     delta = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for r0 in range(0, R, BLOCK_R):
         r = r0 + tl.arange(0, BLOCK_R)

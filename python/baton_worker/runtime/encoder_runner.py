@@ -38,6 +38,8 @@ class EncoderRunner:
         t0 = time.perf_counter()
         if step.lora is not None:
             raise ProtocolError("Step.lora", "an encoder (a pooling model) serves no LoRA adapters")
+        if step.spec is not None:
+            raise ProtocolError("Step.spec", "an encoder (a pooling model) does no speculative decoding (--num-speculative-tokens 0)")
         for req_id in step.removed.tolist():
             self.prompts.pop(req_id, None)
         for i, added in enumerate(step.added):

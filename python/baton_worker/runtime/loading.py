@@ -40,6 +40,11 @@ its slot stacks take their memory then); adapters themselves load later,
 through Step.lora, into what the cache leaves free. Decode steps run
 eagerly: no CUDA graphs are captured (a graph would replay without the
 step's adapters).
+
+Speculative decoding (--num-speculative-tokens above 0): the same plain
+generating decoder in one process only (refused like LoRA). Its StepRunner
+gets the n-gram proposer (spec/ngram.py) and never overlaps steps; decode
+graphs are still captured, but a step with drafts runs eagerly.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from ..graph.node_runner import NodeRunner, TensorStore
 from ..graph.worker_runner import GraphStepRunner
 from ..kv_connector import KvConnectorWorker, TorchDistributedTransport
 from ..lora import LoraLayout, LoraManager
+from ..spec.ngram import NgramProposer
 from ..model.config import ConfigError, ModelConfig, load_model_config, read_json
 from ..model.decoder import DecoderModel
 from ..model.encoder import EncoderModel, load_encoder_config
@@ -241,6 +247,8 @@ def _load_decoder(
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
     runner.lora = lora
+    if opts.num_speculative_tokens > 0 and not pooling:
+        runner.proposer = NgramProposer(opts.num_speculative_tokens, opts.prompt_lookup_min, opts.prompt_lookup_max)
     pooling_config = None
     if pooling:
         if classifier_tokens is not None:
@@ -252,6 +260,8 @@ def _load_decoder(
     # Test-only: BATON_TEST_OVERLAP=1 overlaps steps on CPU too (a GPU worker does by default), so the path runs in CI.
     if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
         runner.overlap = True
+    if runner.proposer is not None:
+        runner.overlap = False  # a step's tokens (and the proposals made from them) are needed on the host before the next
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     # With LoRA on none are captured: a replay would run without the step's adapters (their segments change every step).
     if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager and lora is None:
@@ -371,13 +381,17 @@ def check_tensor_parallel_model(opts: WorkerOptions) -> None:
     if graph_model_class(architecture) is not None:
         raise ConfigError(f"--tensor-parallel-size above 1 serves plain LLMs; {architecture} is a graph model")
     check_tensor_parallel(load_model_config(model_dir, lenient=opts.load_format == "dummy-null"), opts.tensor_parallel_size)
-    _check_lora(opts, "generate", None, architecture, None)
+    _check_decoder_features(opts, "generate", None, architecture, None)
 
 
-def _check_lora(opts: WorkerOptions, runner_kind: str, graph_class, architecture: str | None, tp: TensorParallelGroup | None) -> None:
-    """ConfigError where --max-loras asks for LoRA on something other than a plain decoder in one process."""
-    if opts.max_loras == 0:
-        return
+def _check_decoder_features(opts: WorkerOptions, runner_kind: str, graph_class, architecture: str | None, tp: TensorParallelGroup | None) -> None:
+    """ConfigError where LoRA (--max-loras) or speculative decoding (--num-speculative-tokens) is asked
+    of something other than a plain generating decoder in one process: both work on its rows only."""
+    features = []
+    if opts.max_loras:
+        features.append((f"--max-loras {opts.max_loras}", "LoRA adapters apply"))
+    if opts.num_speculative_tokens:
+        features.append((f"--num-speculative-tokens {opts.num_speculative_tokens}", "speculative decoding applies"))
     refused = None
     if runner_kind == "pooling":
         refused = "a pooling model (--runner pooling)"
@@ -385,8 +399,9 @@ def _check_lora(opts: WorkerOptions, runner_kind: str, graph_class, architecture
         refused = f"{architecture}, a graph model"
     elif tp is not None or opts.tensor_parallel_size > 1:
         refused = "--tensor-parallel-size above 1"
-    if refused is not None:
-        raise ConfigError(f"--max-loras {opts.max_loras}: LoRA adapters apply to a plain generating decoder in one process, not {refused}")
+    if refused is not None and features:
+        flag, what = features[0]
+        raise ConfigError(f"{flag}: {what} to a plain generating decoder in one process, not {refused}")
 
 
 def load_worker(
@@ -411,7 +426,7 @@ def load_worker(
     if runner_kind == "pooling" and (graph_class is not None or tp is not None):
         raise ConfigError(f"--runner pooling serves embedding models on one worker; {architecture or 'this model'} " +
                           ("is a graph model" if graph_class is not None else "with --tensor-parallel-size above 1 is not supported"))
-    _check_lora(opts, runner_kind, graph_class, architecture, tp)
+    _check_decoder_features(opts, runner_kind, graph_class, architecture, tp)
     pooling_info = None
     if runner_kind == "pooling" and architecture in ENCODER_ARCHITECTURES:
         hosted_nodes(opts.nodes, NODE_ENGINES, f"{architecture} (a pooling model)")

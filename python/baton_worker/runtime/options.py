@@ -8,6 +8,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
     [--host-workers N] [--runner auto|generate|pooling] [--hf-overrides JSON]
     [--max-loras N] [--max-lora-rank R]
+    [--num-speculative-tokens K] [--prompt-lookup-min N] [--prompt-lookup-max N]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -34,6 +35,15 @@ distinct adapters. --max-lora-rank R (default 16) is the largest adapter
 rank it accepts (vLLM's choices are 8, 16, 32, 64, 128, 256, 320, 512; any
 positive value works here). Only a plain decoder on one process takes them
 (loading.py refuses pooling, tensor parallel and graph models).
+
+--num-speculative-tokens K (default 0: off) turns on speculative decoding
+with vLLM's n-gram prompt lookup: after each step the worker proposes up to
+K draft tokens per verifiable row, found by matching the row's last n tokens
+(n from --prompt-lookup-max down to --prompt-lookup-min, defaults 3 and 1)
+earlier in its token list; the engine sends them back in Step.spec and the
+worker verifies them greedily. The TypeScript CLI derives these from vLLM's
+--speculative-config. Steps never overlap with K above 0; like LoRA, only a
+plain generating decoder on one process takes it (loading.py).
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -93,6 +103,9 @@ class WorkerOptions:
     hf_overrides: dict | None = None
     max_loras: int = 0  # distinct LoRA adapters a step's rows may use (0: LoRA off)
     max_lora_rank: int = 16  # the largest adapter rank a load accepts
+    num_speculative_tokens: int = 0  # n-gram drafts proposed per row (0: speculative decoding off)
+    prompt_lookup_min: int = 1  # shortest n-gram the proposer matches
+    prompt_lookup_max: int = 3  # longest n-gram the proposer matches
 
 
 class _Parser(argparse.ArgumentParser):
@@ -133,6 +146,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hf-overrides", help="JSON object: config.json keys restated (vLLM's; a decoder served as Qwen3-Reranker)")
     p.add_argument("--max-loras", type=int, default=0, help="distinct LoRA adapters per step (0: LoRA off)")
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank an adapter may have")
+    p.add_argument("--num-speculative-tokens", type=int, default=0, help="n-gram draft tokens per row (0: speculative decoding off)")
+    p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched for drafts")
+    p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched for drafts")
     return p
 
 
@@ -159,6 +175,12 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         raise OptionsError(f"--max-loras must be >= 0, got {args.max_loras}")
     if args.max_lora_rank < 1:
         raise OptionsError(f"--max-lora-rank must be positive, got {args.max_lora_rank}")
+    if args.num_speculative_tokens < 0:
+        raise OptionsError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
+    if args.prompt_lookup_min < 1:
+        raise OptionsError(f"--prompt-lookup-min must be positive, got {args.prompt_lookup_min}")
+    if args.prompt_lookup_max < args.prompt_lookup_min:
+        raise OptionsError(f"--prompt-lookup-max {args.prompt_lookup_max} is below --prompt-lookup-min {args.prompt_lookup_min}")
     if args.rank < 0:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
     if args.tensor_parallel_size < 1:

@@ -109,6 +109,28 @@ class PersistentBatch:
         self.tokens[slots, self.lengths[slots]] = tokens
         self.lengths[slots] += 1
 
+    def write_drafts(self, slots: np.ndarray, counts: np.ndarray, draft_ids: np.ndarray) -> None:
+        """Speculative decoding: counts[i] ids of draft_ids (in order) written after
+        the known tokens of slots[i], where the step's inputs read them; lengths
+        stay (the drafts are not the request's tokens until verified)."""
+        if not len(draft_ids):
+            return
+        ends = self.lengths[slots] + counts
+        self._reserve(0, int(ends.max()) + 2, 0)
+        owner = np.repeat(slots, counts)
+        offset = np.arange(len(draft_ids)) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.tokens[owner, self.lengths[owner] + offset] = draft_ids
+
+    def append_runs(self, slots: np.ndarray, counts: np.ndarray, tokens: np.ndarray) -> None:
+        """Appends counts[i] tokens (in order) to slots[i] (distinct slots): append_tokens for several tokens a row."""
+        if not len(slots):
+            return
+        self._reserve(0, int((self.lengths[slots] + counts).max()) + 2, 0)
+        owner = np.repeat(slots, counts)
+        offset = np.arange(len(tokens)) - np.repeat(np.cumsum(counts) - counts, counts)
+        self.tokens[owner, self.lengths[owner] + offset] = tokens
+        self.lengths[slots] += counts
+
     # ------------------------------------------------------------ inputs
 
     def inputs(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray, sample: np.ndarray) -> StepInputs:

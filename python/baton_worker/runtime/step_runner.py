@@ -30,10 +30,24 @@ whose rows use an adapter gets a LoraBatch (lora/batch.py) for its forward
 pass, built from the adapter of each packed token. The protocol's rules are
 checked here: an unknown adapter, an unload of one a live request uses, more
 distinct adapters in a step than --max-loras, any LoRA on a worker without it.
+
+Speculative decoding (--num-speculative-tokens K above 0, `proposer` set; no
+overlap): after every step the worker proposes up to K drafts for each
+sampled row it can verify exactly by argmax (greedy, no logprobs, no logit
+edits; n-gram prompt lookup, spec/ngram.py) in StepResult.draft_counts /
+draft_ids. A step's Step.spec puts drafts after a row's known tokens: they are
+written after the row's tokens in the persistent batch (not counted in its
+length) so the inputs read them, the forward computes float32 logits at the
+row's last known token and at every draft, and the drafts are verified by
+argmax (_verified): the accepted drafts and the token after them are appended
+at once (StepResult.token_counts). The step's other sampled rows sample as in
+any step (from their own logits rows, screened or not). A step with drafts
+runs eagerly (never a decode graph).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,8 +61,9 @@ from ..model.decoder import DecoderModel
 from ..model.pooling import ChunkPooler, pooled_result
 from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..sampling.head_screen import SPLIT_ROWS, screens
-from ..sampling.sampler import PendingSample, SampleOutput, Sampler, TokenMask, is_greedy, penalizes
+from ..sampling.sampler import PendingSample, SampleOutput, Sampler, TokenMask, first_argmax, is_greedy, penalizes
 from ..sampling.token_bitmask import words_per_row
+from ..spec.ngram import NgramProposer
 from .cpu_threads import CpuThreads
 from .persistent_batch import PersistentBatch, StepInputs
 from .request_state import RequestState
@@ -78,6 +93,10 @@ class LaunchedStep:
     prompt_out: PromptLogprobs | None
     times: tuple[float, float, float]  # perf_counter at the start, after the inputs, after the forward pass
     lora_failed: tuple[np.ndarray, list[str]] | None = None  # the step's failed adapter loads: ids and their lines
+    # Speculative decoding: tokens appended per sampled row (None: one each, in their reserved places;
+    # otherwise every token is in place already), and which sampled rows get proposals (None: speculation off).
+    token_counts: np.ndarray | None = None
+    speculable: np.ndarray | None = None
 
     def done(self) -> bool:
         """Whether the tokens are on the host (finish() would not wait)."""
@@ -108,6 +127,18 @@ class PromptRows:
     token_index: np.ndarray  # int64 [positions]: index into the step's flattened tokens
     targets: np.ndarray  # int64 [positions]: the prompt token each position scores
     ks: np.ndarray  # int64 [positions]: alternatives wanted at each position
+
+
+@dataclass
+class SpecRows:
+    """A step's rows with drafts (Step.spec), as the forward pass and the verification see them."""
+
+    drafted: np.ndarray  # int64 [draft rows]: their indices among the sampled rows
+    rest: np.ndarray  # int64: the other sampled rows' indices, sampled as in any step
+    counts: np.ndarray  # int64 [draft rows]: drafts per draft row
+    draft_ids: np.ndarray  # int64 [sum of counts]: the drafts, row after row
+    index: np.ndarray  # int64 [sum of counts + 1]: the flattened tokens whose logits verify them
+    targets: np.ndarray | None = None  # int64 [same]: the argmax at each of those tokens
 
 
 @dataclass
@@ -168,6 +199,8 @@ class StepRunner:
         self.lora: LoraManager | None = None
         self.lora_users: dict[int, int] = {}
         self.slot_lora = np.zeros(0, np.int32)
+        # Speculative decoding's draft proposer (None: --num-speculative-tokens 0, Step.spec refused).
+        self.proposer: NgramProposer | None = None
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -181,7 +214,8 @@ class StepRunner:
         on the device; what needs them on the host must wait: grammar masks (the
         engine makes them from the tokens), penalties (counted from the tokens),
         prompt logprobs, and tensor parallelism (rank 0 broadcasts host tokens)."""
-        if not self.overlap or len(step.mask_rows) or self.prompt_slots or self.pooler is not None or step.lora is not None:
+        if not self.overlap or len(step.mask_rows) or self.prompt_slots or self.pooler is not None or step.lora is not None \
+                or self.proposer is not None:
             return False
         if self.penalized and any(r in self.penalized for r in step.req_ids.tolist()):
             return False
@@ -199,13 +233,25 @@ class StepRunner:
             # After the removals: the step that removes an adapter's last request may unload it.
             self._lora_unloads(step)
         self._add(step)
-        slots, start, num_new, sample = self._rows(step)
+        drafts = self._drafts(step) if step.spec is not None else None
+        slots, start, num_new, sample = self._rows(step, drafts)
+        if drafts is not None:
+            self.batch.write_drafts(slots, drafts, step.spec.draft_ids)
         inputs = self.batch.inputs(slots, start, num_new, sample)
         lora = self._lora_batch(slots, inputs) if self.lora_users else None
         if self.pooler is not None:
             return Finished(self._pool(step, inputs, slots, start, num_new, sample, t0))
         sample_slots = slots[sample]
         sampled = [self.by_slot[s] for s in sample_slots.tolist()]
+        # With drafts the sampler sees the other sampled rows only (head_*); the draft rows are verified.
+        spec = self._spec_rows(step, drafts, num_new, sample, inputs, sampled) if drafts is not None else None
+        head_inputs, head_sampled, head_masks = inputs, sampled, step.mask_rows
+        if spec is not None:
+            rest = torch.from_numpy(spec.rest).to(inputs.logits_indices.device)
+            head_inputs = dataclasses.replace(inputs, logits_indices=inputs.logits_indices.index_select(0, rest),
+                                              logits_indices_host=inputs.logits_indices_host[spec.rest])
+            head_sampled = [sampled[i] for i in spec.rest.tolist()]
+            head_masks = np.searchsorted(spec.rest, step.mask_rows)
         prompt = self._prompt_rows(slots, start, num_new) if self.prompt_slots else None
         replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
         if self.model is not None and len(inputs.input_ids_host) and inputs.input_ids_host.min() < 0:
@@ -215,18 +261,22 @@ class StepRunner:
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
-            logits = self.graphs.run(inputs) if self.graphs is not None and replace is None and prompt is None and lora is None else None
+            eager = replace is not None or prompt is not None or lora is not None or spec is not None
+            logits = self.graphs.run(inputs) if self.graphs is not None and not eager else None
             if logits is None:
-                screened = self._screened(sampled, step.mask_rows) if prompt is None else None
+                screened = self._screened(head_sampled, head_masks) if prompt is None else None
                 shares = 1
                 if self.cpu is not None:
                     shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS)
                 attention = self.attention.prepare(inputs.attention)
                 hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace, lora)
                 if screened is not None:
-                    head_rows = (self.model.head_input(hidden, inputs.logits_indices), screened, shares)
-                else:
-                    logits = self.model.logits(hidden, inputs.logits_indices)
+                    head_rows = (self.model.head_input(hidden, head_inputs.logits_indices), screened, shares)
+                elif head_sampled or spec is None:
+                    logits = self.model.logits(hidden, head_inputs.logits_indices)
+                if spec is not None:
+                    index = torch.from_numpy(spec.index).to(hidden.device)
+                    spec.targets = first_argmax(self.model.logits(hidden, index)).cpu().numpy().astype(np.int64)
                 if prompt is not None:
                     prompt_out = self._prompt_logprobs(hidden, prompt)
         elif prompt is not None:
@@ -238,10 +288,12 @@ class StepRunner:
         if tp is None or tp.is_driver:
             # Waiting for a grammar mask counts as sampling time: the forward pass is done.
             token_mask = self._token_mask(step, len(sampled), wait_mask)
+            if spec is not None and token_mask is not None:
+                token_mask = TokenMask(head_masks.astype(np.int64), token_mask.bitmask)
             if head_rows is not None:
-                pending = PendingSample.ready(self._sample_screened(*head_rows, sampled, token_mask))
+                pending = PendingSample.ready(self._sample_screened(*head_rows, head_sampled, token_mask))
             else:
-                pending = self._sample(logits, sampled, inputs, token_mask)
+                pending = self._sample(logits, head_sampled, head_inputs, token_mask)
         else:
             # Rank 0 samples (it alone has the logits and the grammar masks); here only its ids matter.
             pending = PendingSample.ready(SampleOutput(np.zeros(0, np.int32), None, None, None, None))
@@ -250,6 +302,14 @@ class StepRunner:
             out.token_ids = tp.broadcast_tokens(out.token_ids if tp.is_driver else None, len(sample_slots))
             pending = PendingSample.ready(out)
         positions = self.batch.lengths[sample_slots].copy()
+        speculable = self._speculable(sampled, step.mask_rows) if self.proposer is not None else None
+        if spec is not None:
+            if spec.targets is None:
+                # dummy-null: the "model" predicts (input token + 1) % vocab at every position.
+                spec.targets = (inputs.input_ids_host[spec.index] + 1) % self.vocab_size
+            out, counts = self._verified(spec, pending.read(), sampled, sample_slots)
+            return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, PendingSample.ready(out),
+                                self.removals, prompt_out, (t0, t1, t2), lora_failed, counts, speculable)
         if len(sample_slots):
             self.batch.append_tokens(sample_slots, np.full(len(sample_slots), PLACEHOLDER, np.int32))
             for state in sampled:
@@ -258,20 +318,21 @@ class StepRunner:
                 tokens = pending.tokens if pending.tokens is not None else torch.from_numpy(pending.read().token_ids).to(self.device)
                 self._keep_on_device(sample_slots, tokens)
         return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, pending, self.removals,
-                            prompt_out, (t0, t1, t2), lora_failed)
+                            prompt_out, (t0, t1, t2), lora_failed, None, speculable)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Waits for the launched step's tokens and puts them in their reserved places."""
         out = launched.pending.read()
         slots, positions = launched.slots, launched.positions
-        for state, position, token in zip(launched.sampled, positions.tolist(), out.token_ids.tolist()):
-            state.token_ids[position] = token
-        if launched.removals != self.removals:  # a request removed since has left its slot, maybe to another
-            owned = np.fromiter((self.by_slot.get(s) is st for s, st in zip(slots.tolist(), launched.sampled)), bool, len(slots))
-            slots, positions, tokens = slots[owned], positions[owned], out.token_ids[owned]
-        else:
-            tokens = out.token_ids
-        self.batch.tokens[slots, positions] = tokens
+        if launched.token_counts is None:  # else a step with drafts: its tokens are in place already
+            for state, position, token in zip(launched.sampled, positions.tolist(), out.token_ids.tolist()):
+                state.token_ids[position] = token
+            if launched.removals != self.removals:  # a request removed since has left its slot, maybe to another
+                owned = np.fromiter((self.by_slot.get(s) is st for s, st in zip(slots.tolist(), launched.sampled)), bool, len(slots))
+                slots, positions, tokens = slots[owned], positions[owned], out.token_ids[owned]
+            else:
+                tokens = out.token_ids
+            self.batch.tokens[slots, positions] = tokens
         t0, t1, t2 = launched.times
         t3 = time.perf_counter()
         prompt_out = launched.prompt_out
@@ -292,6 +353,10 @@ class StepRunner:
         )
         if launched.lora_failed is not None:
             result.lora_load_failed, result.lora_load_errors = launched.lora_failed
+        if launched.token_counts is not None and (launched.token_counts != 1).any():
+            result.token_counts = launched.token_counts.astype(np.int32)
+        if launched.speculable is not None:
+            result.draft_counts, result.draft_ids = self._propose(launched)
         return result
 
     # ------------------------------------------------------------ pooling
@@ -462,11 +527,12 @@ class StepRunner:
             return None  # dummy-null: no forward pass to apply them to
         return self.lora.batch(self.slot_lora[inputs.token_slots_host])
 
-    def _rows(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _rows(self, step: Step, drafts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Validates the per-row arrays, appends each row's new blocks and
         returns the rows as int64 columns (slot, start, num_new) and a bool
         sample mask. A failing row is re-examined by _row_error for a message
-        naming the field."""
+        naming the field. drafts: each row's draft count (Step.spec), known
+        tokens as far as its rows go."""
         n = len(step.req_ids)
         for name in _ROW_FIELDS:
             if len(getattr(step, name)) != n:
@@ -492,14 +558,14 @@ class StepRunner:
         num_new = step.num_new_tokens.astype(np.int64)
         sample = step.sample.astype(bool)
         end = start + num_new
-        known = self.batch.lengths[slots]
+        known = self.batch.lengths[slots] if drafts is None else self.batch.lengths[slots] + drafts
         bad = (
             (start < 0) | (num_new < 0) | (end > known) | (end > self.batch.num_pages[slots] * self.block_size)
             | (sample & ((num_new == 0) | (end != known)))
         )
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise self._row_error(i, int(start[i]), int(num_new[i]), int(slots[i]))
+            raise self._row_error(i, int(start[i]), int(num_new[i]), int(slots[i]), 0 if drafts is None else int(drafts[i]))
         return slots, start, num_new, sample
 
     def _slots_of(self, req_ids: np.ndarray) -> np.ndarray:
@@ -515,10 +581,10 @@ class StepRunner:
         at = np.minimum(np.searchsorted(ids, req_ids), len(ids) - 1)
         return np.where(ids[at] == req_ids, slots[at], -1)
 
-    def _row_error(self, i: int, start: int, count: int, slot: int) -> ProtocolError:
+    def _row_error(self, i: int, start: int, count: int, slot: int, drafts: int = 0) -> ProtocolError:
         end = start + count
         req_id = self.by_slot[slot].req_id
-        known = int(self.batch.lengths[slot])
+        known = int(self.batch.lengths[slot]) + drafts
         pages = int(self.batch.num_pages[slot])
         if start < 0 or count < 0:
             return ProtocolError(f"Step.num_computed[{i}]", f"negative position or count ({start}, {count})")
@@ -530,6 +596,115 @@ class StepRunner:
                 f"request {req_id} needs {-(-end // self.block_size)} blocks for {end} tokens, has {pages}",
             )
         return ProtocolError(f"Step.sample[{i}]", f"row ends at position {end} but request {req_id} has {known} tokens")
+
+    # ------------------------------------------------------------ speculative decoding
+
+    def _drafts(self, step: Step) -> np.ndarray | None:
+        """Step.spec's draft count per row (int64), checked; None when no row has drafts."""
+        if self.proposer is None:
+            raise ProtocolError("Step.spec", "this worker does no speculative decoding (--num-speculative-tokens 0)")
+        spec, n, k = step.spec, len(step.req_ids), self.proposer.k
+        counts = spec.draft_counts.astype(np.int64)
+        if len(counts) != n:
+            raise ProtocolError("Step.spec.draft_counts", f"has {len(counts)} entries, req_ids has {n}")
+        if n and (counts.min() < 0 or counts.max() > k):
+            i = int(np.flatnonzero((counts < 0) | (counts > k))[0])
+            raise ProtocolError(f"Step.spec.draft_counts[{i}]", f"{int(counts[i])} drafts is outside [0, --num-speculative-tokens {k}]")
+        if int(counts.sum()) != len(spec.draft_ids):
+            raise ProtocolError("Step.spec.draft_ids", f"has {len(spec.draft_ids)} ids, draft_counts sum to {int(counts.sum())}")
+        ids = spec.draft_ids
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            raise ProtocolError("Step.spec.draft_ids", f"a draft is outside the vocabulary [0, {self.vocab_size})")
+        return counts if len(ids) else None
+
+    def _spec_rows(self, step: Step, drafts: np.ndarray, num_new: np.ndarray, sample: np.ndarray, inputs: StepInputs,
+                   sampled: list[RequestState]) -> SpecRows:
+        """The draft rows among the sampled rows and the positions whose logits verify them (after _rows' checks)."""
+        rows = np.flatnonzero(drafts)
+        bad = ~sample[rows] | (num_new[rows] <= drafts[rows])
+        if bad.any():
+            i = int(rows[np.flatnonzero(bad)[0]])
+            why = "a row with drafts samples (sample = 1)" if not sample[i] else f"its {int(num_new[i])} new tokens leave no known token before {int(drafts[i])} drafts"
+            raise ProtocolError(f"Step.spec.draft_counts[{i}]", why)
+        drafted = (np.cumsum(sample) - 1)[rows]
+        unverifiable = [j for j, i in enumerate(drafted.tolist()) if not self._verifiable(sampled[i])]
+        if unverifiable:
+            i = int(rows[unverifiable[0]])
+            raise ProtocolError(f"Step.spec.draft_counts[{i}]", f"request {int(step.req_ids[i])} samples other than by plain argmax "
+                                "(temperature, logprobs, penalties, biases or min_tokens): its drafts cannot be verified")
+        if len(step.mask_rows) and np.isin(step.mask_rows, drafted).any():
+            raise ProtocolError("Step.mask_rows", "a grammar-masked row carries drafts (Step.spec): its drafts cannot be verified by argmax")
+        counts = drafts[rows]
+        last = inputs.logits_indices_host[drafted]  # each draft row's last flattened token: its last draft
+        width = counts + 1
+        local = np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
+        index = np.repeat(last - counts, width) + local
+        rest = np.setdiff1d(np.arange(int(sample.sum())), drafted)
+        return SpecRows(drafted, rest, counts, step.spec.draft_ids.astype(np.int64), index)
+
+    def _verified(self, spec: SpecRows, out: SampleOutput, sampled: list[RequestState], slots: np.ndarray) -> tuple[SampleOutput, np.ndarray]:
+        """Greedy verification of the draft rows, merged with the other rows' sampled tokens; every
+        appended token put in place (state, persistent batch) at once. Returns the step's output (tokens
+        row after row) and the count per sampled row."""
+        d, targets = spec.counts, spec.targets
+        t_start = np.cumsum(d + 1) - (d + 1)
+        d_start = np.cumsum(d) - d
+        local = np.arange(len(spec.draft_ids)) - np.repeat(d_start, d)
+        rejected = spec.draft_ids != targets[np.repeat(t_start, d) + local]
+        # Accepted drafts per row: the index of its first rejected draft (d when none is rejected).
+        accepted = np.minimum.reduceat(np.where(rejected, local, np.repeat(d, d)), d_start)
+        counts = np.ones(len(sampled), np.int64)
+        counts[spec.drafted] = accepted + 1
+        ends = np.cumsum(counts)
+        begin = ends - counts
+        tokens = np.empty(int(ends[-1]) if len(ends) else 0, np.int32)
+        tokens[begin[spec.rest]] = out.token_ids
+        # A row appends its accepted drafts and the token after them: the first accepted + 1 targets.
+        kept = accepted + 1
+        owner = np.repeat(np.arange(len(d)), kept)
+        at = np.arange(int(kept.sum())) - np.repeat(np.cumsum(kept) - kept, kept)
+        tokens[begin[spec.drafted][owner] + at] = targets[t_start[owner] + at]
+        self.batch.append_runs(slots, counts, tokens)
+        for state, a, b in zip(sampled, begin.tolist(), ends.tolist()):
+            state.token_ids.extend(tokens[a:b].tolist())
+        if self.overlap and len(slots):
+            self._keep_on_device(slots, torch.from_numpy(tokens[ends - 1]).to(self.device))
+        n = len(sampled)
+        logprobs = top_counts = None
+        if out.logprobs is not None:  # draft rows ask for none: zeros in their places
+            logprobs = np.zeros(n, np.float32)
+            logprobs[spec.rest] = out.logprobs
+        if out.top_counts is not None:
+            top_counts = np.zeros(n, np.int32)
+            top_counts[spec.rest] = out.top_counts
+        return SampleOutput(tokens, logprobs, top_counts, out.top_ids, out.top_logprobs), counts
+
+    def _speculable(self, sampled: list[RequestState], mask_rows: np.ndarray) -> np.ndarray:
+        """Which sampled rows get draft proposals: those whose next tokens argmax verifies exactly
+        (greedy, no logprobs, no logit edits, no grammar mask, no prompt logprobs pending)."""
+        ok = np.fromiter((self._verifiable(st) for st in sampled), bool, len(sampled))
+        ok[mask_rows[(mask_rows >= 0) & (mask_rows < len(ok))]] = False
+        return ok
+
+    def _verifiable(self, state: RequestState) -> bool:
+        s = state.sampling
+        return (is_greedy(state) and s.logprobs < 0 and not penalizes(s) and s.min_tokens == 0 and not len(s.suppress_token_ids)
+                and not len(s.allowed_token_ids) and not len(s.logit_bias_ids) and state.slot not in self.prompt_slots)
+
+    def _propose(self, launched: LaunchedStep) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """StepResult.draft_counts / draft_ids: n-gram drafts from each speculable row's whole token list."""
+        counts = np.zeros(len(launched.slots), np.int32)
+        parts = []
+        for i in np.flatnonzero(launched.speculable).tolist():
+            slot = int(launched.slots[i])
+            if self.by_slot.get(slot) is not launched.sampled[i]:
+                continue  # removed since the launch
+            ids = self.proposer.propose(self.batch.tokens[slot, : self.batch.lengths[slot]])
+            counts[i] = len(ids)
+            parts.append(ids)
+        if not counts.any():
+            return None, None
+        return counts, np.concatenate(parts).astype(np.int32)
 
     # ------------------------------------------------------------ prompt embeddings
 

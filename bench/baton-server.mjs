@@ -1,0 +1,48 @@
+// A `baton serve` child process for the hand-run benches: started on a free
+// port, its URL read from its "on http://..." line, stopped by the bench.
+import { spawn } from "node:child_process";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
+
+/** Starts `baton serve ARGS --port 0`; resolves with its URL and a stop(). */
+export async function startBatonServer(args) {
+  const server = spawn(process.execPath, [join(repo, "bin", "baton.mjs"), "serve", ...args, "--port", "0"], { stdio: ["ignore", "pipe", "pipe"] });
+  const url = await new Promise((resolve, reject) => {
+    let out = "";
+    const onData = (chunk) => {
+      out += chunk;
+      const match = out.match(/on (http:\/\/[\d.]+:\d+)/);
+      if (match) resolve(match[1]);
+    };
+    server.stdout.on("data", onData);
+    server.stderr.on("data", onData);
+    server.once("exit", (code) => reject(new Error(`server exited ${code}:\n${out}`)));
+  });
+  return { url, stop: () => server.kill("SIGTERM") };
+}
+
+/**
+ * POSTs requests(0..n-1) to /v1/completions, `concurrency` at a time; resolves with the
+ * output tokens/s over the whole run and each request's answer.
+ */
+export async function runCompletions(url, n, concurrency, request) {
+  const answers = new Array(n);
+  let next = 0;
+  let tokens = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < n) {
+        const i = next++;
+        const r = await fetch(`${url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(request(i)) });
+        const body = await r.json();
+        if (r.status !== 200) throw new Error(JSON.stringify(body));
+        answers[i] = body;
+        tokens += body.usage.completion_tokens;
+      }
+    }),
+  );
+  return { rate: tokens / ((performance.now() - t0) / 1000), answers };
+}

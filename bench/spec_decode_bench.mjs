@@ -1,0 +1,56 @@
+// Speculative decoding (n-gram prompt lookup) against plain decoding on the
+// same model: output tokens/s at concurrency 1 and 8, the same greedy text
+// required, and from the speculating server vLLM's counters: acceptance per
+// draft position and tokens per verified row.
+//
+// usage: node bench/spec_decode_bench.mjs [MODEL_DIR=models/demo] [K=4] [REQUESTS=16] [MAX_TOKENS=96]
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { runCompletions, startBatonServer } from "./baton-server.mjs";
+
+const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
+const model = process.argv[2] ?? join(repo, "models", "demo");
+const [k, numRequests, maxTokens] = [Number(process.argv[3] ?? 4), Number(process.argv[4] ?? 16), Number(process.argv[5] ?? 96)];
+const WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"];
+const prompts = Array.from({ length: numRequests }, (_, i) => Array.from({ length: 12 + (i % 5) }, (_, j) => WORDS[(i + j * 2) % WORDS.length]).join(" "));
+
+/** Output tokens/s of the prompts at `concurrency`, and each prompt's text. */
+async function run(url, concurrency) {
+  const body = (i) => ({ prompt: prompts[i], max_tokens: maxTokens, temperature: 0, ignore_eos: true });
+  const { rate, answers } = await runCompletions(url, prompts.length, concurrency, body);
+  return { rate, texts: answers.map((a) => a.choices[0].text) };
+}
+
+async function metrics(url) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const read = (name) => Number(text.split("\n").find((l) => l.startsWith(`${name}{`))?.split(" ").at(-1) ?? 0);
+  const perPos = [...text.matchAll(/^vllm:spec_decode_num_accepted_tokens_per_pos_total\{[^}]*position="(\d+)"[^}]*\} (\S+)$/gm)].map((m) => [Number(m[1]), Number(m[2])]);
+  return { drafts: read("vllm:spec_decode_num_drafts_total"), draftTokens: read("vllm:spec_decode_num_draft_tokens_total"), accepted: read("vllm:spec_decode_num_accepted_tokens_total"), perPos };
+}
+
+const results = {};
+for (const [name, extra] of [
+  ["plain", []],
+  ["ngram", ["--speculative-config", JSON.stringify({ method: "ngram", num_speculative_tokens: k, prompt_lookup_max: 3, prompt_lookup_min: 1 })]],
+]) {
+  const server = await startBatonServer([model, "--log-level", "warn", ...extra]);
+  try {
+    await run(server.url, 4); // warm-up
+    results[name] = { c1: await run(server.url, 1), c8: await run(server.url, 8) };
+    if (name === "ngram") results[name].metrics = await metrics(server.url);
+  } finally {
+    server.stop();
+  }
+}
+
+const same = ["c1", "c8"].every((c) => results.plain[c].texts.every((t, i) => t === results.ngram[c].texts[i]));
+console.log(`${numRequests} requests, ${maxTokens} greedy output tokens each, K = ${k}; same text with and without: ${same}`);
+for (const c of ["c1", "c8"]) {
+  const [a, b] = [results.plain[c].rate, results.ngram[c].rate];
+  console.log(`${c}: plain ${a.toFixed(1)} tok/s, n-gram ${b.toFixed(1)} tok/s, ratio ${(b / a).toFixed(2)}`);
+}
+const m = results.ngram.metrics;
+console.log(`rows that verified drafts: ${m.drafts}; draft tokens ${m.draftTokens}; accepted ${m.accepted} (${((100 * m.accepted) / Math.max(m.draftTokens, 1)).toFixed(1)}%)`);
+console.log(`tokens per verified row: ${(1 + m.accepted / Math.max(m.drafts, 1)).toFixed(2)}`);
+console.log(`acceptance by position: ${m.perPos.sort((x, y) => x[0] - y[0]).map(([p, n]) => `${p}: ${((100 * n) / Math.max(m.drafts, 1)).toFixed(1)}%`).join(", ")}`);
+if (!same) process.exitCode = 1;

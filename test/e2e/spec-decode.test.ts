@@ -1,0 +1,102 @@
+// Speculative decoding (n-gram prompt lookup) through the real server and
+// worker: greedy output equals transformers generate token for token while
+// drafts are proposed, partly accepted and partly rejected, under preemption
+// (a KV cache too small for every request at once) and prefix-cache hits
+// (prompts sent twice); vLLM's spec_decode counters say so; 200 clients that
+// leave mid-stream leave no KV block behind.
+
+import assert from "node:assert/strict";
+import { request as httpRequest } from "node:http";
+import { after, before, describe, test } from "node:test";
+import { makeRandomModel, postJson, promptIdsOf, removeDir, startServer, tempDir, transformersGreedy, type CompletionWithIds, type RunningServer } from "./harness.js";
+
+const dir = tempDir("spec");
+after(() => removeDir(dir));
+
+// Token-id prompts that repeat a pattern, so the n-gram proposer finds matches. A tied-embedding model
+// (variant 3) tends to continue what it reads, so some drafts are accepted and some rejected.
+function patterned(seed: number, width: number, times: number): number[] {
+  let x = seed;
+  const next = (): number => (x = (x * 1103515245 + 12345) % 2147483648) % 5000;
+  const pattern = Array.from({ length: width }, next);
+  return [next(), ...Array.from({ length: times }, () => pattern).flat()];
+}
+const PROMPTS: number[][] = [patterned(1, 2, 8), patterned(2, 1, 10), patterned(3, 3, 6), patterned(4, 4, 4), patterned(5, 5, 3), patterned(6, 2, 5)];
+const MAX_TOKENS = 24;
+
+async function metric(server: RunningServer, name: string): Promise<number> {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const line = text.split("\n").find((l) => l.startsWith(name) && !l.startsWith(`${name}_`));
+  assert.ok(line !== undefined, `metric ${name} missing`);
+  return Number(line.split(" ").at(-1));
+}
+
+describe("speculative decoding: n-gram", () => {
+  let server: RunningServer;
+  before(async () => {
+    makeRandomModel("llama", dir, 3);
+    server = await startServer([
+      dir,
+      "--served-model-name", "spec",
+      "--speculative-config", JSON.stringify({ method: "ngram", num_speculative_tokens: 3, prompt_lookup_max: 3, prompt_lookup_min: 1 }),
+      "--max-num-batched-tokens", "24",
+      "--block-size", "4",
+      // 12 requests of up to ~45 tokens with their drafts do not fit at once: some are preempted.
+      "--num-gpu-blocks-override", "48",
+    ]);
+  });
+  after(() => server?.stop());
+
+  test("greedy tokens equal transformers generate, with drafts accepted and rejected, preemption and prefix hits", async () => {
+    // Each prompt twice: the second finds the first's blocks in the prefix cache.
+    const asks = [...PROMPTS, ...PROMPTS];
+    const responses = await Promise.all(
+      asks.map((prompt) => postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model: "spec", prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true })),
+    );
+    for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
+    const promptIds = responses.map((r) => promptIdsOf(r.body));
+    const expected = transformersGreedy(dir, promptIds.slice(0, PROMPTS.length), MAX_TOKENS);
+    responses.forEach((r, i) => assert.deepEqual(r.body.choices[0]?.token_ids, expected[i % PROMPTS.length], `prompt ${i}`));
+
+    const drafted = await metric(server, "vllm:spec_decode_num_draft_tokens_total");
+    const accepted = await metric(server, "vllm:spec_decode_num_accepted_tokens_total");
+    assert.ok(accepted > 0, `no draft accepted (${drafted} drafted)`);
+    assert.ok(accepted < drafted, `every draft accepted (${accepted} of ${drafted}): rejection is not exercised`);
+    assert.ok((await metric(server, "vllm:num_preemptions_total")) > 0, "no preemption happened");
+    assert.ok((await metric(server, "vllm:prefix_cache_hits_total")) > 0, "no prefix-cache hit");
+  });
+
+  test("200 clients that leave mid-stream free every KV block", async () => {
+    for (let start = 0; start < 200; start += 25) {
+      await Promise.all(
+        Array.from({ length: 25 }, (_, j) => start + j).map(
+          (i) =>
+            new Promise<void>((resolve) => {
+              const req = httpRequest(`${server.url}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" } }, (res) => {
+                let events = 0;
+                res.on("data", () => {
+                  if (++events >= i % 7) req.destroy();
+                });
+                res.on("close", () => resolve());
+                res.on("error", () => resolve());
+              });
+              req.on("error", () => resolve());
+              req.end(JSON.stringify({ model: "spec", prompt: PROMPTS[i % PROMPTS.length], max_tokens: 16, temperature: 0, stream: true }));
+              if (i % 5 === 0) setTimeout(() => req.destroy(), i % 11);
+            }),
+        ),
+      );
+    }
+    const deadline = Date.now() + 20_000;
+    for (;;) {
+      const [running, usage] = [await metric(server, "vllm:num_requests_running"), await metric(server, "vllm:kv_cache_usage_perc")];
+      if (running === 0 && usage === 0) break;
+      assert.ok(Date.now() < deadline, `still held after the disconnects: running ${running}, kv usage ${usage}`);
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    // It still answers as transformers does.
+    const again = await postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model: "spec", prompt: PROMPTS[0], max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true });
+    const expected = transformersGreedy(dir, [promptIdsOf(again.body)], MAX_TOKENS);
+    assert.deepEqual(again.body.choices[0]?.token_ids, expected[0]);
+  });
+});
