@@ -59,7 +59,9 @@ function runNodeTests() {
       `--test-reporter-destination=${tap}`,
       ...files,
     ],
-    { cwd: root, stdio: "inherit" },
+    // Two test files run at once, each with its own workers: one torch thread per worker, or
+    // their OpenMP teams (one per core each) oversubscribe the cores and spin against each other.
+    { cwd: root, stdio: "inherit", env: { ...process.env, OMP_NUM_THREADS: process.env.OMP_NUM_THREADS ?? "1" } },
   );
   const text = existsSync(tap) ? readFileSync(tap, "utf8") : "";
   rmSync(tap, { force: true });
