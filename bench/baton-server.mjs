@@ -6,7 +6,7 @@ import { fileURLToPath } from "node:url";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 
-/** Starts `baton serve ARGS --port 0`; resolves with its URL and a stop(). */
+/** Starts `baton serve ARGS --port 0`; resolves with its URL and a stop() that resolves on its exit. */
 export async function startBatonServer(args) {
   const server = spawn(process.execPath, [join(repo, "bin", "baton.mjs"), "serve", ...args, "--port", "0"], { stdio: ["ignore", "pipe", "pipe"] });
   const url = await new Promise((resolve, reject) => {
@@ -20,7 +20,10 @@ export async function startBatonServer(args) {
     server.stderr.on("data", onData);
     server.once("exit", (code) => reject(new Error(`server exited ${code}:\n${out}`)));
   });
-  return { url, stop: () => server.kill("SIGTERM") };
+  // stop() resolves once the server (and so its workers, which it stops first) has exited: a next
+  // server on the same GPU must not size its KV cache while this one's memory is still held.
+  const exited = new Promise((resolve) => server.once("exit", resolve));
+  return { url, stop: () => (server.kill("SIGTERM"), exited) };
 }
 
 /**

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from baton_worker.model.config import load_model_config
+from baton_worker.model.config import ConfigError, load_model_config
 from baton_worker.model.weights import RandomWeightReader
 from baton_worker.runtime.loading import load_worker
 from baton_worker.runtime.options import WorkerOptions
@@ -33,8 +33,9 @@ def _config_only(tmp_path, arch, variant):
     return bare
 
 
-def _worker_greedy(model_dir, seed):
-    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=64, load_format="dummy", seed=seed, dtype="float32")
+def _worker_greedy(model_dir, seed, extra=None):
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=64, load_format="dummy", seed=seed,
+                         dtype="float32", model_loader_extra_config=extra)
     loaded = load_worker(opts)
     sim = EngineSim(loaded.runner, 4, 64, token_budget=7)
     requests = [SimRequest(i, p, 8, SamplingParams(temperature=0.0), arrive_step=i) for i, p in enumerate(PROMPTS)]
@@ -75,4 +76,31 @@ def test_dummy_needs_a_complete_config(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 1000}))
     opts = WorkerOptions(model=str(tmp_path), in_endpoint="", out_endpoint="", block_size=4, num_blocks=8, load_format="dummy")
     with pytest.raises(Exception, match="hidden_size"):
+        load_worker(opts)
+
+
+def test_residual_scale_makes_a_tied_model_repeat_its_input(tmp_path):
+    """residual_scale 0.05: the layers barely move each token's embedding, so a tied model's greedy
+    output repeats the prompt's last token (the copying workload of the speculative-decoding bench)."""
+    bare = _config_only(tmp_path, "llama", 3)  # variant 3: tied embeddings
+    config = json.loads((bare / "config.json").read_text())
+    assert config["tie_word_embeddings"]
+    # Wide enough that at the usual scale the layers outweigh the embedding.
+    config.update(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    (bare / "config.json").write_text(json.dumps(config))
+    outputs = _worker_greedy(bare, seed=5, extra={"residual_scale": 0.05})
+    assert outputs == [[p[-1]] * 8 for p in PROMPTS]
+    usual = _worker_greedy(bare, seed=5)
+    assert all(out[0] != p[-1] for out, p in zip(usual, PROMPTS)), usual
+
+
+def test_loader_extra_config_is_checked(tmp_path):
+    bare = _config_only(tmp_path, "llama", 3)
+    with pytest.raises(ConfigError, match=r"unknown key 'scale' \(--load-format dummy takes residual_scale\)"):
+        _worker_greedy(bare, seed=1, extra={"scale": 0.1})
+    with pytest.raises(ConfigError, match=r"residual_scale must be a number in \[0, 1\], got 'x'"):
+        _worker_greedy(bare, seed=1, extra={"residual_scale": "x"})
+    full = make_model_dir("llama", tmp_path / "weights", 3)
+    opts = WorkerOptions(model=str(full), in_endpoint="", out_endpoint="", block_size=4, num_blocks=8, model_loader_extra_config={"residual_scale": 0})
+    with pytest.raises(ConfigError, match="applies to --load-format dummy of a plain LLM, not --load-format auto"):
         load_worker(opts)

@@ -63,9 +63,11 @@ def test_ngram_no_match_and_min_length():
 
 
 def test_ngram_match_near_the_end():
-    # The earlier occurrence is followed by fewer than k tokens: the drafts stop at the end of the sequence.
-    assert _p([9, 1, 2, 1, 2], k=5) == [1, 2]
-    assert _p([5, 5, 5], k=4) == [5]  # overlapping occurrence: [5, 5] at 0, one token after it
+    # The earlier occurrence is followed by fewer than k tokens: the copy runs on over its own drafts
+    # (the sequence repeats with the period the match shows), so k drafts still come.
+    assert _p([9, 1, 2, 1, 2], k=5) == [1, 2, 1, 2, 1]
+    assert _p([5, 5, 5], k=4) == [5, 5, 5, 5]  # [5, 5] at 0, one token after it: period 1
+    assert _p([7, 3, 8, 4, 3, 8], k=4) == [4, 3, 8, 4]  # period 3, from the occurrence at 1
     assert NgramProposer(2, 1, 3).propose(np.array([4, 6, 4, 6, 4], np.int32)).tolist() == [6, 4]
 
 
@@ -170,9 +172,14 @@ class _GraphsSpy:
 
     def __init__(self):
         self.offered = 0
+        self.verify_offered = 0
 
     def run(self, inputs):
         self.offered += 1
+        return None
+
+    def verify(self, inputs):
+        self.verify_offered += 1
         return None
 
 
@@ -214,9 +221,41 @@ def test_drafts_match_transformers(one_torch_thread, llama_dir):
     graphs = _GraphsSpy()
     got, sim = _run(llama_dir, prompts, K, NEW_TOKENS, budget=6, graphs=graphs)
     assert got[: len(prompts)] == expected
-    # Steps with drafts run eagerly: only the others are offered to the decode graphs.
+    # Steps without drafts are offered to the decode graphs as decode steps; those with drafts whose rows all
+    # decode, as verify steps (the spy replays neither, so all of them ran eagerly here).
     assert graphs.offered == sum(s.spec is None and len(s.req_ids) > 0 for s in sim.steps)
+    verifiable = [s for s in sim.steps if s.spec is not None and (s.num_new_tokens == s.spec.draft_counts + 1).all()]
+    assert verifiable
+    assert graphs.verify_offered == len(verifiable)
     assert sim.accepted > 0 and sim.rejected > 0
+
+
+def test_cuda_path_verifies_drafts_through_the_decode_graphs(one_torch_thread, tmp_path):
+    """What a CUDA worker runs, in Triton's interpreter: Triton attention and layer kernels, and verify steps
+    replayed through the decode graphs' static inputs with every token a row. Greedy output equals
+    transformers', and the verify steps took that path."""
+    pytest.importorskip("triton")
+    from baton_worker.model.layer_ops import TritonOps
+    from baton_worker.runtime.cuda_graphs import DecodeGraphs
+
+    model_dir = make_model_dir("llama", tmp_path / "llama", 3)
+    prompts = _prompts(512, 0)[:3]
+    new_tokens = 24
+    expected = hf_greedy(model_dir, prompts, new_tokens)
+    loaded = _worker(model_dir, attention_backend="triton")
+    runner = loaded.runner
+    runner.model.ops = TritonOps(loaded.config.rms_norm_eps)
+    runner.graphs = DecodeGraphs(runner.model, runner.attention, NUM_BLOCKS, max_rows=16, capture=False)
+    verify, replayed = runner.graphs.verify, []
+    runner.graphs.verify = lambda inputs: replayed.append(len(inputs.input_ids_host)) or verify(inputs)
+    sim = EngineSim(runner, BLOCK, NUM_BLOCKS, token_budget=8, seed=3, spec_tokens=K)
+    greedy = SamplingParams(temperature=0.0)
+    requests = [SimRequest(i, p, new_tokens, greedy, arrive_step=2 * i) for i, p in enumerate(prompts)]
+    sim.run(requests)
+    assert [r.output for r in requests] == expected
+    assert sim.accepted > 0 and sim.rejected > 0
+    # Verify steps of several rows with drafts went through the graphs' static inputs.
+    assert any(t > K + 1 for t in replayed), replayed
 
 
 def test_dummy_null_verifies_its_counting_model(llama_dir):

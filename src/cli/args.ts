@@ -44,6 +44,8 @@ export interface ServeOptions {
   runner: Runner;
   /** --hf-overrides: config.json keys restated, vLLM's JSON (the worker checks them: a decoder served as Qwen3-Reranker); null: none. */
   hfOverrides: Record<string, unknown> | null;
+  /** --model-loader-extra-config: the weight loader's own options (the worker checks them). */
+  modelLoaderExtraConfig: Record<string, unknown> | null;
   enablePrefixCaching: boolean;
   /** Overlap scheduling: the engine builds step N+1 while the worker runs N (--no-async-scheduling turns it off). */
   asyncScheduling: boolean;
@@ -155,6 +157,7 @@ const SERVE_FLAGS = {
   device: { type: "string" },
   seed: { type: "string" },
   "load-format": { type: "string" },
+  "model-loader-extra-config": { type: "string" },
   runner: { type: "string" },
   "hf-overrides": { type: "string" },
   "attention-backend": { type: "string" },
@@ -382,7 +385,8 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
       attentionBackend: values["attention-backend"] ?? "auto",
       enforceEager: values["enforce-eager"] === true,
       runner: choice(values.runner, "runner", RUNNERS, "auto"),
-      hfOverrides: hfOverrides(values["hf-overrides"]),
+      hfOverrides: jsonObjectFlag(values["hf-overrides"], "hf-overrides"),
+      modelLoaderExtraConfig: jsonObjectFlag(values["model-loader-extra-config"], "model-loader-extra-config"),
       enablePrefixCaching: values["no-enable-prefix-caching"] !== true,
       asyncScheduling: values["no-async-scheduling"] !== true,
       engineThread: values["no-engine-thread"] !== true,
@@ -493,16 +497,16 @@ function speculativeConfig(value: string | undefined): SpeculativeConfig | null 
   return { method: "ngram", numSpeculativeTokens, promptLookupMin, promptLookupMax };
 }
 
-/** --hf-overrides '{...}': a JSON object, passed to the worker as it is. */
-function hfOverrides(value: string | undefined): Record<string, unknown> | null {
+/** --hf-overrides / --model-loader-extra-config '{...}': a JSON object, passed to the worker as it is. */
+function jsonObjectFlag(value: string | undefined, flag: string): Record<string, unknown> | null {
   if (value === undefined) return null;
   let parsed: unknown;
   try {
     parsed = JSON.parse(value);
   } catch {
-    throw new UsageError(`invalid value '${value}' for --hf-overrides: expected a JSON object`);
+    throw new UsageError(`invalid value '${value}' for --${flag}: expected a JSON object`);
   }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) throw new UsageError(`invalid value '${value}' for --hf-overrides: expected a JSON object`);
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) throw new UsageError(`invalid value '${value}' for --${flag}: expected a JSON object`);
   return parsed as Record<string, unknown>;
 }
 
@@ -567,6 +571,11 @@ Options (vLLM's names; --flag value or --flag=value):
                                    dummy: random decoder weights of the config's shapes, no
                                    weight files; dummy-null: no model at all, each token is
                                    the last + 1 (both for tests and benchmarks)
+  --model-loader-extra-config JSON the loader's options (vLLM's flag); dummy takes
+                                   '{"residual_scale": S}': the weights that write into the
+                                   residual stream (o_proj, down_proj) drawn S times smaller, so a
+                                   tied model mostly repeats its input (a copying workload for
+                                   speculative-decoding benchmarks at any shape)
   --runner auto|generate|pooling   pooling: an embedding model (/v1/embeddings); auto (default):
                                    pooling for a sentence-transformers directory (modules.json)
                                    or an encoder (BertModel, XLMRobertaModel, their

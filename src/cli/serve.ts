@@ -202,6 +202,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
         enforceEager: options.enforceEager,
         runner: options.runner,
         hfOverrides: options.hfOverrides,
+        modelLoaderExtraConfig: options.modelLoaderExtraConfig,
         lora: options.lora === null ? undefined : { maxLoras: options.lora.maxLoras, maxLoraRank: options.lora.maxLoraRank },
         speculative: options.speculative ?? undefined,
         maxNumSeqs: options.maxNumSeqs,

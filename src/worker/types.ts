@@ -50,6 +50,8 @@ export interface WorkerOptions {
   runner?: Runner;
   /** vLLM's --hf-overrides, as JSON the worker checks (default none). */
   hfOverrides?: Record<string, unknown> | null;
+  /** vLLM's --model-loader-extra-config, as JSON the worker checks (default none). */
+  modelLoaderExtraConfig?: Record<string, unknown> | null;
   /** Speculative decoding's n-gram proposer (absent: off). */
   speculative?: { numSpeculativeTokens: number; promptLookupMin: number; promptLookupMax: number };
   /** --max-loras and --max-lora-rank: the worker serves LoRA adapters (absent: LoRA off). */

@@ -31,6 +31,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.enforceEager === true) args.push("--enforce-eager");
   if (opts.runner !== undefined && opts.runner !== "auto") args.push("--runner", opts.runner);
   if (opts.hfOverrides != null) args.push("--hf-overrides", JSON.stringify(opts.hfOverrides));
+  if (opts.modelLoaderExtraConfig != null) args.push("--model-loader-extra-config", JSON.stringify(opts.modelLoaderExtraConfig));
   if (opts.maxNumSeqs !== undefined) args.push("--max-num-seqs", String(opts.maxNumSeqs));
   if (opts.lora !== undefined) args.push("--max-loras", String(opts.lora.maxLoras), "--max-lora-rank", String(opts.lora.maxLoraRank));
   if (opts.speculative !== undefined) {

@@ -103,6 +103,7 @@ describe("parseServeArgs", () => {
       enforceEager: false,
       runner: "auto",
       hfOverrides: null,
+      modelLoaderExtraConfig: null,
       enablePrefixCaching: true,
       apiKey: null,
       logLevel: "info",
@@ -125,6 +126,13 @@ describe("parseServeArgs", () => {
       tensorParallelSize: 1,
       distributedExecutorBackend: "mp",
     });
+  });
+
+  test("--model-loader-extra-config: a JSON object, on to the worker as it is", () => {
+    const { options } = parseServeArgs(["--load-format", "dummy", "--model-loader-extra-config", '{"residual_scale": 0.01}']);
+    assert.deepEqual(options.modelLoaderExtraConfig, { residual_scale: 0.01 });
+    assert.throws(() => parseServeArgs(["--model-loader-extra-config", "[1]"]), /invalid value '\[1\]' for --model-loader-extra-config: expected a JSON object/);
+    assert.throws(() => parseServeArgs(["--model-loader-extra-config", "{"]), /for --model-loader-extra-config: expected a JSON object/);
   });
 
   test("--data-parallel-size and the router flags", () => {

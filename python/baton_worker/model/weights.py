@@ -108,13 +108,21 @@ class RandomWeightReader:
     the seed and its name, so the same seed gives the same model whatever
     reads it in whatever order (a tensor-parallel rank draws the whole tensor
     and keeps its slice). For benchmarks of shapes nobody ships weights for (an
-    8B model on a GPU in seconds instead of writing 16 GB)."""
+    8B model on a GPU in seconds instead of writing 16 GB).
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int):
+    residual_scale (--model-loader-extra-config) multiplies the std of the
+    weights that write into the residual stream (o_proj, down_proj): near 0,
+    the layers add little to each token's embedding, so a tied model predicts
+    its input token again and greedy output repeats it. That gives speculative
+    decoding a workload it can draft at any model shape; the cost of a forward
+    does not depend on the values."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int, residual_scale: float = 1.0):
         self.shapes = _decoder_shapes(config)
         self.dtype = dtype
         self.device = device
         self.seed = seed
+        self.residual_scale = residual_scale
 
     def has(self, name: str) -> bool:
         return name in self.shapes
@@ -127,10 +135,25 @@ class RandomWeightReader:
         if name.endswith("norm.weight"):
             return out.fill_(1.0)
         generator = torch.Generator(device=self.device).manual_seed(zlib.crc32(f"{self.seed}/{name}".encode()))
-        return out.normal_(0.0, 0.02, generator=generator)
+        writes_residual = name.endswith(("o_proj.weight", "down_proj.weight"))
+        return out.normal_(0.0, 0.02 * (self.residual_scale if writes_residual else 1.0), generator=generator)
 
     def close(self) -> None:
         pass
+
+
+def dummy_options(extra: dict | None) -> dict:
+    """--model-loader-extra-config as RandomWeightReader's keyword arguments; ConfigError for a key or value it does not take."""
+    extra = extra or {}
+    unknown = sorted(set(extra) - {"residual_scale"})
+    if unknown:
+        raise ConfigError(f"--model-loader-extra-config: unknown key {unknown[0]!r} (--load-format dummy takes residual_scale)")
+    if "residual_scale" not in extra:
+        return {}
+    scale = extra["residual_scale"]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 <= scale <= 1:
+        raise ConfigError(f"--model-loader-extra-config: residual_scale must be a number in [0, 1], got {scale!r}")
+    return {"residual_scale": float(scale)}
 
 
 def _decoder_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -7,6 +7,14 @@ K/V: writing it twice is harmless). Steps with any prefill chunk, prompt
 embeddings or prompt logprobs, or more rows than the largest bucket, run
 eagerly.
 
+A speculative verify step (each row one known token and its drafts) replays the
+same graphs with every token as a row of its own: token j of a row attends to
+the row's context up to itself (its seq_len), over the row's block table. All
+K/V of the step is written before any layer's attention reads it, so a draft
+sees the drafts before it, as a causal chunk would; the context is read once
+per token instead of once per row, which costs little where decode is bound by
+the weights' bytes.
+
 A captured graph replays raw device addresses, so ownership is the rule here:
 DecodeGraphs owns the static inputs (sized for the largest bucket), and each
 DecodeGraph owns its attention plan (views of those inputs) and its logits,
@@ -22,9 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import dataclasses
+
 import numpy as np
 import torch
 
+from ..attention import AttentionMetadata
 from ..attention.triton_attention import TritonBackend, TritonPlan
 from ..model.decoder import DecoderModel
 from .persistent_batch import StepInputs
@@ -119,3 +130,22 @@ class DecodeGraphs:
         logits = self.graphs[size].run(self.model)
         # Every row of a decode-only step is one token, so row i's logits are row i.
         return logits.index_select(0, inputs.logits_indices)
+
+    def verify(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Logits of every token [T, vocab] of a step whose rows are each one known
+        token and its drafts (the caller checks that), every token replayed as a
+        decode row; None when the tokens outnumber the largest bucket."""
+        meta = inputs.attention
+        t = len(inputs.input_ids_host)
+        if t == 0 or t > self.sizes[-1]:
+            return None
+        q_lens = meta.q_lens
+        row = np.repeat(np.arange(meta.num_rows), q_lens)
+        local = np.arange(t) - np.repeat(meta.query_start[:-1], q_lens)
+        seq_lens = np.repeat(meta.seq_lens - q_lens, q_lens) + local + 1
+        table = meta.block_table.index_select(0, torch.from_numpy(row).to(meta.block_table.device, non_blocking=True))
+        per_token = dataclasses.replace(inputs, attention=AttentionMetadata(meta.slot_mapping, np.arange(t + 1), seq_lens, table,
+                                                                            meta.block_size))
+        size = next(s for s in self.sizes if s >= t)
+        self.static.fill(per_token, size)
+        return self.graphs[size].run(self.model)[:t]

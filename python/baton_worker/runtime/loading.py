@@ -43,8 +43,9 @@ step's adapters).
 
 Speculative decoding (--num-speculative-tokens above 0): the same plain
 generating decoder in one process only (refused like LoRA). Its StepRunner
-gets the n-gram proposer (spec/ngram.py) and never overlaps steps; decode
-graphs are still captured, but a step with drafts runs eagerly.
+gets the n-gram proposer (spec/ngram.py) and never overlaps steps; the decode
+graphs are captured for up to --max-num-seqs x (K + 1) rows (at most 256),
+since a verify step replays them with every token as a row.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from ..model.pooling import (
     resolve_runner,
     vocabulary_id,
 )
-from ..model.weights import RandomWeightReader, WeightReader, stderr_progress, weight_files
+from ..model.weights import RandomWeightReader, WeightReader, dummy_options, stderr_progress, weight_files
 from ..models import graph_model_class
 from ..parallel.tensor_parallel import Partition, TensorParallelGroup, check_tensor_parallel
 from ..protocol import PROTOCOL_VERSION, PoolingInfo, Ready
@@ -221,7 +222,7 @@ def _load_decoder(
         rename = layout.rename if layout else None
         progress = stderr_progress() if opts.progress and (tp is None or tp.is_driver) else None
         if opts.load_format == "dummy":
-            reader = RandomWeightReader(config, dtype, device, opts.seed)
+            reader = RandomWeightReader(config, dtype, device, opts.seed, **dummy_options(opts.model_loader_extra_config))
         else:
             stored = weight_files(model_dir) if rename is None else {}
             if "embed_tokens.weight" in stored and "model.embed_tokens.weight" not in stored:
@@ -265,7 +266,8 @@ def _load_decoder(
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     # With LoRA on none are captured: a replay would run without the step's adapters (their segments change every step).
     if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager and lora is None:
-        runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), opts.max_num_seqs)
+        rows = opts.max_num_seqs * (1 + (opts.num_speculative_tokens if runner.proposer is not None else 0))
+        runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), rows)
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
 
 
@@ -420,6 +422,9 @@ def load_worker(
     torch.manual_seed(opts.seed)
     architecture = overridden_architecture(_config_architecture(model_dir) if model_dir.is_dir() else None, opts.hf_overrides or {})
     graph_class = graph_model_class(architecture)
+    if opts.model_loader_extra_config and (opts.load_format != "dummy" or graph_class is not None):
+        raise ConfigError(f"--model-loader-extra-config applies to --load-format dummy of a plain LLM, not --load-format {opts.load_format}"
+                          + (f" of {architecture}, a graph model" if graph_class is not None else ""))
 
     model_kwargs = opts.model_kwargs or {}
     runner_kind = resolve_runner(opts.runner, model_dir, architecture)

@@ -7,6 +7,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--progress] [--nodes NAME[,NAME...]] [--rank N] [--shm-bytes B]
     [--tensor-parallel-size N] [--distributed-executor-backend mp|ray]
     [--host-workers N] [--runner auto|generate|pooling] [--hf-overrides JSON]
+    [--model-loader-extra-config JSON]
     [--max-loras N] [--max-lora-rank R]
     [--num-speculative-tokens K] [--prompt-lookup-min N] [--prompt-lookup-max N]
 
@@ -101,6 +102,8 @@ class WorkerOptions:
     runner: str = "auto"  # generate | pooling | auto (model/pooling.py resolve_runner)
     # vLLM's --hf-overrides: config.json as restated to serve a decoder as a reranker (model/pooling.py overridden_architecture).
     hf_overrides: dict | None = None
+    # vLLM's --model-loader-extra-config: the weight loader's own options (model/weights.py dummy_options).
+    model_loader_extra_config: dict | None = None
     max_loras: int = 0  # distinct LoRA adapters a step's rows may use (0: LoRA off)
     max_lora_rank: int = 16  # the largest adapter rank a load accepts
     num_speculative_tokens: int = 0  # n-gram drafts proposed per row (0: speculative decoding off)
@@ -144,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--runner", default="auto", help="generate, pooling (embedding models) or auto (vLLM's --runner)")
     p.add_argument("--hf-overrides", help="JSON object: config.json keys restated (vLLM's; a decoder served as Qwen3-Reranker)")
+    p.add_argument("--model-loader-extra-config", help="JSON object: the weight loader's options (--load-format dummy: residual_scale)")
     p.add_argument("--max-loras", type=int, default=0, help="distinct LoRA adapters per step (0: LoRA off)")
     p.add_argument("--max-lora-rank", type=int, default=16, help="the largest LoRA rank an adapter may have")
     p.add_argument("--num-speculative-tokens", type=int, default=0, help="n-gram draft tokens per row (0: speculative decoding off)")
@@ -201,6 +205,8 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         args.model_kwargs = _json_object("--model-kwargs", args.model_kwargs)
     if args.hf_overrides is not None:
         args.hf_overrides = _json_object("--hf-overrides", args.hf_overrides)
+    if args.model_loader_extra_config is not None:
+        args.model_loader_extra_config = _json_object("--model-loader-extra-config", args.model_loader_extra_config)
     return WorkerOptions(**vars(args))
 
 

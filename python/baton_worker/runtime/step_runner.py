@@ -41,8 +41,10 @@ length) so the inputs read them, the forward computes float32 logits at the
 row's last known token and at every draft, and the drafts are verified by
 argmax (_verified): the accepted drafts and the token after them are appended
 at once (StepResult.token_counts). The step's other sampled rows sample as in
-any step (from their own logits rows, screened or not). A step with drafts
-runs eagerly (never a decode graph).
+any step (from their own logits rows, screened or not). On CUDA a step with
+drafts whose rows all decode (one known token and its drafts each) replays the
+decode graphs with every token as a row (DecodeGraphs.verify); one with a
+prefill chunk runs eagerly.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class SpecRows:
     draft_ids: np.ndarray  # int64 [sum of counts]: the drafts, row after row
     index: np.ndarray  # int64 [sum of counts + 1]: the flattened tokens whose logits verify them
     targets: np.ndarray | None = None  # int64 [same]: the argmax at each of those tokens
+    head_logits: torch.Tensor | None = None  # the other sampled rows' logits, when the decode graphs ran the step
 
 
 @dataclass
@@ -261,9 +264,14 @@ class StepRunner:
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
-            eager = replace is not None or prompt is not None or lora is not None or spec is not None
-            logits = self.graphs.run(inputs) if self.graphs is not None and not eager else None
-            if logits is None:
+            graphed = self.graphs is not None and replace is None and prompt is None and lora is None
+            if graphed and spec is None:
+                logits = self.graphs.run(inputs)
+                graphed = logits is not None
+            elif graphed:
+                graphed = self._verify_graphed(spec, drafts, num_new, inputs, head_inputs, bool(head_sampled))
+                logits = spec.head_logits
+            if not graphed:
                 screened = self._screened(head_sampled, head_masks) if prompt is None else None
                 shares = 1
                 if self.cpu is not None:
@@ -641,6 +649,22 @@ class StepRunner:
         index = np.repeat(last - counts, width) + local
         rest = np.setdiff1d(np.arange(int(sample.sum())), drafted)
         return SpecRows(drafted, rest, counts, step.spec.draft_ids.astype(np.int64), index)
+
+    def _verify_graphed(self, spec: SpecRows, drafts: np.ndarray, num_new: np.ndarray, inputs: StepInputs,
+                        head_inputs: StepInputs, head_sampled: bool) -> bool:
+        """A verify step whose rows are each one known token and its drafts, through the decode
+        graphs (every token a row): sets spec.targets and, for the other sampled rows, spec.head_logits.
+        False when the step does not qualify (a prefill chunk, too many tokens): it runs eagerly."""
+        if not (num_new == drafts + 1).all():
+            return False
+        every = self.graphs.verify(inputs)
+        if every is None:
+            return False
+        index = torch.from_numpy(spec.index).to(every.device, non_blocking=True)
+        spec.targets = first_argmax(every.index_select(0, index)).cpu().numpy().astype(np.int64)
+        if head_sampled:
+            spec.head_logits = every.index_select(0, head_inputs.logits_indices)
+        return True
 
     def _verified(self, spec: SpecRows, out: SampleOutput, sampled: list[RequestState], slots: np.ndarray) -> tuple[SampleOutput, np.ndarray]:
         """Greedy verification of the draft rows, merged with the other rows' sampled tokens; every

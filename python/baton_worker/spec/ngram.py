@@ -4,8 +4,12 @@ copied from earlier in the request's own token list.
 For n from prompt_lookup_max down to prompt_lookup_min, the sequence's last n
 tokens are looked up earlier in the sequence (the suffix itself does not
 count); the first n with a match wins, its most recent earlier occurrence is
-used, and the up to num_speculative_tokens tokens that follow that occurrence
-are the drafts (fewer where the sequence ends first).
+used, and the num_speculative_tokens tokens that follow that occurrence are
+the drafts. Where the sequence ends before k tokens follow, the copy runs on
+over its own drafts (an overlapping copy, as LZ77 decodes one): the match says
+the sequence repeats with period length - start, so a run of one token drafts
+k more of it and a cycle shorter than k drafts its next k tokens, where a copy
+that stops at the end would draft fewer.
 
 Vectorized: one comparison over the sequence finds the earlier occurrences of
 the last token; each candidate's match length is then extended backwards one
@@ -46,7 +50,8 @@ def propose_ngram(tokens: np.ndarray, k: int, min_n: int, max_n: int) -> np.ndar
         hit = np.flatnonzero(matched >= n)
         if len(hit):
             start = int(ends[hit[-1]]) + 1  # the most recent occurrence: ends are increasing
-            return np.asarray(tokens[start : min(start + k, length)], np.int32)
+            period = length - start
+            return np.asarray(tokens[start + np.arange(k) % period], np.int32)
     return _EMPTY
 
 
