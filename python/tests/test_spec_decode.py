@@ -183,8 +183,8 @@ class _GraphsSpy:
         return None
 
 
-def _run(model_dir, prompts, spec, new_tokens, budget, load_format="auto", graphs=None):
-    loaded = _worker(model_dir, spec=spec, load_format=load_format)
+def _run(model_dir, prompts, spec, new_tokens, budget, load_format="auto", graphs=None, draft=None):
+    loaded = _worker(model_dir, spec=spec, load_format=load_format, speculative_model=None if draft is None else str(draft))
     loaded.runner.graphs = graphs
     sim = EngineSim(loaded.runner, BLOCK, NUM_BLOCKS, token_budget=budget, seed=3, spec_tokens=spec)
     greedy = SamplingParams(temperature=0.0)
@@ -266,3 +266,52 @@ def test_dummy_null_verifies_its_counting_model(llama_dir):
     assert drafted == plain
     assert drafted[0] == [(6 + i) % 512 for i in range(1, 13)]
     assert sim.accepted > 0 and sim.rejected > 0
+
+
+# ------------------------------------------------------------ the draft_model method
+
+
+def test_draft_model_that_is_the_target_drafts_what_it_decodes(one_torch_thread, llama_dir):
+    """The target as its own draft: every draft is the target's own greedy token, so (but for rounding between
+    batch shapes) all are accepted, and the output is greedy decoding's."""
+    prompts = _prompts(512, 0)
+    plain, _ = _run(llama_dir, prompts, 0, NEW_TOKENS, budget=7)
+    drafted, sim = _run(llama_dir, prompts, K, NEW_TOKENS, budget=7, draft=llama_dir)
+    assert drafted == plain
+    assert sim.proposed > 0
+    assert sim.rejected <= 0.05 * (sim.accepted + sim.rejected), (sim.accepted, sim.rejected)
+    # Exactly K drafts a row, except where max_tokens leaves fewer to verify.
+    assert sim.accepted + sim.rejected >= 0.8 * K * sum(s.spec is not None and int((s.spec.draft_counts > 0).sum()) for s in sim.steps)
+
+
+def test_draft_model_other_weights_match_transformers(one_torch_thread, llama_dir, tmp_path):
+    """A different (random) draft of the same vocabulary: drafts are mostly rejected, and the output is still
+    transformers' greedy output. Its cache's blocks all come back when the requests leave."""
+    draft_dir = make_model_dir("qwen3", tmp_path / "draft", 0)
+    prompts = _prompts(512, 1)
+    expected = hf_greedy(llama_dir, prompts, NEW_TOKENS)
+    loaded = _worker(llama_dir, speculative_model=str(draft_dir))
+    proposer = loaded.runner.proposer
+    sim = EngineSim(loaded.runner, BLOCK, NUM_BLOCKS, token_budget=6, seed=3, spec_tokens=K)
+    requests = [SimRequest(i, p, NEW_TOKENS, SamplingParams(temperature=0.0), arrive_step=2 * i) for i, p in enumerate(prompts)]
+    sim.run(requests)
+    assert [r.output for r in requests] == expected
+    assert sim.proposed > 0 and sim.rejected > 0
+    assert proposer.blocks and len(proposer.free) < proposer.num_blocks
+    sim.step(requests)  # one more step carries the last removals
+    assert len(proposer.free) == proposer.num_blocks and not proposer.blocks
+
+
+def test_draft_model_refusals(llama_dir, tmp_path):
+    with pytest.raises(ConfigError, match="no config.json in that directory"):
+        _worker(llama_dir, speculative_model=str(tmp_path))
+    big = make_model_dir("llama", tmp_path / "big", 0)
+    config = json.loads((big / "config.json").read_text())
+    config["vocab_size"] = 1024
+    (big / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"its vocabulary \(1024 tokens\) is larger than the target's \(512\)"):
+        _worker(llama_dir, speculative_model=str(big))
+    with pytest.raises(ConfigError, match="a draft model needs the target's weights"):
+        _worker(llama_dir, speculative_model=str(llama_dir), load_format="dummy-null")
+    with pytest.raises(OptionsError, match="--speculative-model needs --num-speculative-tokens of at least 1"):
+        parse_options(["--model", "m", "--in-endpoint", "a", "--out-endpoint", "b", "--block-size", "4", "--speculative-model", "d"])

@@ -1,6 +1,7 @@
 // `baton serve` flags, named as in vLLM. Parsed with node:util parseArgs in
 // strict mode: an unknown flag or a bad value is a usage error (exit 2).
 
+import { resolve as resolvePath } from "node:path";
 import { parseArgs } from "node:util";
 import type { Device, DistributedExecutorBackend, Dtype, LoadFormat, Runner } from "../worker/types.js";
 import { LOG_LEVELS, type LogLevel } from "../observability/logger.js";
@@ -96,14 +97,16 @@ export interface ServeOptions {
   speculative: SpeculativeConfig | null;
 }
 
-/** vLLM's --speculative-config, as served: n-gram prompt lookup. */
+/** vLLM's --speculative-config, as served: n-gram prompt lookup or a draft model. */
 interface SpeculativeConfig {
-  method: "ngram";
+  method: "ngram" | "draft_model";
   /** Most drafts a row verifies per step. */
   numSpeculativeTokens: number;
-  /** The n-gram lengths the proposer matches, longest first. */
+  /** The n-gram lengths the proposer matches, longest first (ngram). */
   promptLookupMin: number;
   promptLookupMax: number;
+  /** The draft model's directory, absolute (draft_model); null for ngram. */
+  draftModel: string | null;
 }
 
 /** An adapter named on the command line (--lora-modules). */
@@ -481,20 +484,25 @@ function speculativeConfig(value: string | undefined): SpeculativeConfig | null 
   }
   if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return bad("expected a JSON object");
   const config = parsed as Record<string, unknown>;
-  const known = ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"];
+  const method = config.method;
+  if (method !== "ngram" && method !== "draft_model") bad(`method ${JSON.stringify(method ?? null)} is not served (served: "ngram", "draft_model")`);
+  const known = method === "ngram" ? ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"] : ["method", "num_speculative_tokens", "model"];
   const unknown = Object.keys(config).filter((k) => !known.includes(k));
-  if (unknown.length > 0) bad(`unknown key ${unknown[0]} (served: ${known.join(", ")})`);
-  if (config.method !== "ngram") bad(`method ${JSON.stringify(config.method ?? null)} is not served (served: "ngram")`);
+  if (unknown.length > 0) bad(`unknown key ${unknown[0]} for method ${method as string} (served: ${known.join(", ")})`);
   const int = (key: string, fallback: number | null): number => {
     const v = config[key] ?? fallback;
     if (typeof v !== "number" || !Number.isInteger(v) || v < 1) return bad(`${key} must be a positive integer`);
     return v;
   };
   const numSpeculativeTokens = int("num_speculative_tokens", null);
+  if (method === "draft_model") {
+    if (typeof config.model !== "string" || config.model === "") return bad("method draft_model needs model, the draft model's directory");
+    return { method, numSpeculativeTokens, promptLookupMin: 1, promptLookupMax: 3, draftModel: resolvePath(config.model) };
+  }
   const promptLookupMax = int("prompt_lookup_max", 3);
   const promptLookupMin = int("prompt_lookup_min", Math.min(1, promptLookupMax));
   if (promptLookupMin > promptLookupMax) bad(`prompt_lookup_min ${promptLookupMin} is above prompt_lookup_max ${promptLookupMax}`);
-  return { method: "ngram", numSpeculativeTokens, promptLookupMin, promptLookupMax };
+  return { method: "ngram", numSpeculativeTokens, promptLookupMin, promptLookupMax, draftModel: null };
 }
 
 /** --hf-overrides / --model-loader-extra-config '{...}': a JSON object, passed to the worker as it is. */
@@ -598,8 +606,10 @@ Options (vLLM's names; --flag value or --flag=value):
                                    (also VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, as vLLM)
   --speculative-config JSON        speculative decoding, vLLM's keys: '{"method": "ngram",
                                    "num_speculative_tokens": 4, "prompt_lookup_max": 3,
-                                   "prompt_lookup_min": 1}' (n-gram prompt lookup; greedy rows
-                                   verify drafts, other rows decode as usual)
+                                   "prompt_lookup_min": 1}' (n-gram prompt lookup) or
+                                   '{"method": "draft_model", "model": DIR, "num_speculative_tokens":
+                                   4}' (a smaller model with the same vocabulary drafts); greedy
+                                   rows verify drafts, other rows decode as usual
   --no-enable-prefix-caching       turn prefix caching off
   --no-async-scheduling            turn overlap scheduling off (step N+1 is built while N runs; default on)
   --no-engine-thread               run the engine core on the HTTP server's event loop instead of

@@ -53,7 +53,8 @@ export interface WorkerOptions {
   /** vLLM's --model-loader-extra-config, as JSON the worker checks (default none). */
   modelLoaderExtraConfig?: Record<string, unknown> | null;
   /** Speculative decoding's n-gram proposer (absent: off). */
-  speculative?: { numSpeculativeTokens: number; promptLookupMin: number; promptLookupMax: number };
+  /** draftModel: the draft model's directory (the draft_model method); null: n-gram lookup. */
+  speculative?: { numSpeculativeTokens: number; promptLookupMin: number; promptLookupMax: number; draftModel: string | null };
   /** --max-loras and --max-lora-rank: the worker serves LoRA adapters (absent: LoRA off). */
   lora?: { maxLoras: number; maxLoraRank: number };
   /** Most rows a decode step can have: the largest CUDA graph the worker captures. */

@@ -37,6 +37,7 @@ export function workerArgs(opts: WorkerOptions, inEndpoint: string, outEndpoint:
   if (opts.speculative !== undefined) {
     const s = opts.speculative;
     args.push("--num-speculative-tokens", String(s.numSpeculativeTokens), "--prompt-lookup-min", String(s.promptLookupMin), "--prompt-lookup-max", String(s.promptLookupMax));
+    if (s.draftModel !== null) args.push("--speculative-model", s.draftModel);
   }
   if (opts.onLoadProgress !== undefined) args.push("--progress");
   if (opts.nodes !== undefined) args.push("--nodes", opts.nodes.join(","));

@@ -4,7 +4,7 @@
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { join } from "node:path";
+import { join, resolve } from "node:path";
 import { describe, test } from "node:test";
 import { parseHumanInt, parseServeArgs, UsageError } from "../../src/cli/args.js";
 import { workerArgs } from "../../src/worker/worker-process.js";
@@ -126,6 +126,18 @@ describe("parseServeArgs", () => {
       tensorParallelSize: 1,
       distributedExecutorBackend: "mp",
     });
+  });
+
+  test("--speculative-config: vLLM's ngram and draft_model methods, each with its own keys", () => {
+    const ngram = parseServeArgs(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}']).options.speculative;
+    assert.deepEqual(ngram, { method: "ngram", numSpeculativeTokens: 4, promptLookupMin: 1, promptLookupMax: 3, draftModel: null });
+    const draft = parseServeArgs(["--speculative-config", '{"method": "draft_model", "model": "small", "num_speculative_tokens": 3}']).options.speculative;
+    assert.deepEqual(draft, { method: "draft_model", numSpeculativeTokens: 3, promptLookupMin: 1, promptLookupMax: 3, draftModel: resolve("small") });
+    const bad = (config: object, why: RegExp): void => void assert.throws(() => parseServeArgs(["--speculative-config", JSON.stringify(config)]), why);
+    bad({ method: "eagle", num_speculative_tokens: 2 }, /method "eagle" is not served \(served: "ngram", "draft_model"\)/);
+    bad({ method: "draft_model", num_speculative_tokens: 2 }, /method draft_model needs model, the draft model's directory/);
+    bad({ method: "draft_model", model: "m", num_speculative_tokens: 2, prompt_lookup_max: 3 }, /unknown key prompt_lookup_max for method draft_model/);
+    bad({ method: "ngram", num_speculative_tokens: 0 }, /num_speculative_tokens must be a positive integer/);
   });
 
   test("--model-loader-extra-config: a JSON object, on to the worker as it is", () => {

@@ -1,12 +1,15 @@
-// Speculative decoding (n-gram prompt lookup) through the real server and
-// worker: greedy output equals transformers generate token for token while
-// drafts are proposed, partly accepted and partly rejected, under preemption
-// (a KV cache too small for every request at once) and prefix-cache hits
-// (prompts sent twice); vLLM's spec_decode counters say so; 200 clients that
-// leave mid-stream leave no KV block behind.
+// Speculative decoding (n-gram prompt lookup, and a draft model) through the
+// real server and worker: greedy output equals transformers generate token for
+// token while drafts are proposed, partly accepted and partly rejected, under
+// preemption (a KV cache too small for every request at once) and prefix-cache
+// hits (prompts sent twice); vLLM's spec_decode counters say so; 200 clients
+// that leave mid-stream leave no KV block behind. A draft model that is the
+// target itself has every draft accepted.
 
 import assert from "node:assert/strict";
+import { cpSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { makeRandomModel, postJson, promptIdsOf, removeDir, startServer, tempDir, transformersGreedy, type CompletionWithIds, type RunningServer } from "./harness.js";
 
@@ -31,6 +34,18 @@ async function metric(server: RunningServer, name: string): Promise<number> {
   return Number(line.split(" ").at(-1));
 }
 
+/** Every prompt twice (the second finds the first's blocks cached), greedy; each answer must equal transformers'. */
+async function greedyEqualsTransformers(server: RunningServer, prompts: number[][]): Promise<void> {
+  const asks = [...prompts, ...prompts];
+  const responses = await Promise.all(
+    asks.map((prompt) => postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model: "spec", prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true })),
+  );
+  for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
+  const promptIds = responses.map((r) => promptIdsOf(r.body));
+  const expected = transformersGreedy(dir, promptIds.slice(0, prompts.length), MAX_TOKENS);
+  responses.forEach((r, i) => assert.deepEqual(r.body.choices[0]?.token_ids, expected[i % prompts.length], `prompt ${i}`));
+}
+
 describe("speculative decoding: n-gram", () => {
   let server: RunningServer;
   before(async () => {
@@ -48,16 +63,7 @@ describe("speculative decoding: n-gram", () => {
   after(() => server?.stop());
 
   test("greedy tokens equal transformers generate, with drafts accepted and rejected, preemption and prefix hits", async () => {
-    // Each prompt twice: the second finds the first's blocks in the prefix cache.
-    const asks = [...PROMPTS, ...PROMPTS];
-    const responses = await Promise.all(
-      asks.map((prompt) => postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model: "spec", prompt, max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true })),
-    );
-    for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
-    const promptIds = responses.map((r) => promptIdsOf(r.body));
-    const expected = transformersGreedy(dir, promptIds.slice(0, PROMPTS.length), MAX_TOKENS);
-    responses.forEach((r, i) => assert.deepEqual(r.body.choices[0]?.token_ids, expected[i % PROMPTS.length], `prompt ${i}`));
-
+    await greedyEqualsTransformers(server, PROMPTS);
     const drafted = await metric(server, "vllm:spec_decode_num_draft_tokens_total");
     const accepted = await metric(server, "vllm:spec_decode_num_accepted_tokens_total");
     assert.ok(accepted > 0, `no draft accepted (${drafted} drafted)`);
@@ -98,5 +104,53 @@ describe("speculative decoding: n-gram", () => {
     const again = await postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model: "spec", prompt: PROMPTS[0], max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true });
     const expected = transformersGreedy(dir, [promptIdsOf(again.body)], MAX_TOKENS);
     assert.deepEqual(again.body.choices[0]?.token_ids, expected[0]);
+  });
+});
+
+describe("speculative decoding: a draft model", () => {
+  const draftDir = tempDir("spec-draft");
+  after(() => removeDir(draftDir));
+
+  test("another model drafts: greedy tokens equal transformers, drafts accepted and rejected, preemption and prefix hits", async () => {
+    if (!existsSync(join(dir, "config.json"))) makeRandomModel("llama", dir, 3);
+    // The target's first layer and its head (an early-exit self-draft): it agrees with the target on some tokens.
+    cpSync(dir, draftDir, { recursive: true });
+    const config = JSON.parse(readFileSync(join(draftDir, "config.json"), "utf8")) as { num_hidden_layers: number };
+    writeFileSync(join(draftDir, "config.json"), JSON.stringify({ ...config, num_hidden_layers: 1 }));
+    const server = await startServer([
+      dir,
+      "--served-model-name", "spec",
+      "--speculative-config", JSON.stringify({ method: "draft_model", model: draftDir, num_speculative_tokens: 3 }),
+      "--max-num-batched-tokens", "24",
+      "--block-size", "4",
+      "--num-gpu-blocks-override", "48",
+    ]);
+    try {
+      await greedyEqualsTransformers(server, PROMPTS);
+      const drafted = await metric(server, "vllm:spec_decode_num_draft_tokens_total");
+      const accepted = await metric(server, "vllm:spec_decode_num_accepted_tokens_total");
+      assert.ok(accepted > 0 && accepted < drafted, `accepted ${accepted} of ${drafted}`);
+      assert.ok((await metric(server, "vllm:num_preemptions_total")) > 0, "no preemption happened");
+    } finally {
+      server.stop();
+    }
+  });
+
+  test("the target as its own draft: every draft accepted", async () => {
+    if (!existsSync(join(dir, "config.json"))) makeRandomModel("llama", dir, 3);
+    const server = await startServer([
+      dir,
+      "--served-model-name", "spec",
+      "--speculative-config", JSON.stringify({ method: "draft_model", model: dir, num_speculative_tokens: 4 }),
+      "--block-size", "4",
+    ]);
+    try {
+      await greedyEqualsTransformers(server, PROMPTS.slice(0, 3));
+      const drafted = await metric(server, "vllm:spec_decode_num_draft_tokens_total");
+      const accepted = await metric(server, "vllm:spec_decode_num_accepted_tokens_total");
+      assert.ok(drafted > 0 && accepted >= 0.95 * drafted, `accepted ${accepted} of ${drafted}`);
+    } finally {
+      server.stop();
+    }
   });
 });

@@ -43,7 +43,10 @@ step's adapters).
 
 Speculative decoding (--num-speculative-tokens above 0): the same plain
 generating decoder in one process only (refused like LoRA). Its StepRunner
-gets the n-gram proposer (spec/ngram.py) and never overlaps steps; the decode
+gets the n-gram proposer (spec/ngram.py), or with --speculative-model the
+draft model (spec/draft_model.py: loaded before the cache is sized, its own
+cache of as many blocks as the target's, both out of one budget), and never
+overlaps steps; the decode
 graphs are captured for up to --max-num-seqs x (K + 1) rows (at most 256),
 since a verify step replays them with every token as a row.
 """
@@ -67,6 +70,7 @@ from ..graph.node_runner import NodeRunner, TensorStore
 from ..graph.worker_runner import GraphStepRunner
 from ..kv_connector import KvConnectorWorker, TorchDistributedTransport
 from ..lora import LoraLayout, LoraManager
+from ..spec.draft_model import DraftModelProposer
 from ..spec.ngram import NgramProposer
 from ..model.config import ConfigError, ModelConfig, load_model_config, read_json
 from ..model.decoder import DecoderModel
@@ -133,7 +137,8 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _num_blocks(opts: WorkerOptions, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> int:
+def _num_blocks(opts: WorkerOptions, config: ModelConfig, dtype: torch.dtype, device: torch.device, draft: ModelConfig | None = None) -> int:
+    """draft: a draft model's config, whose cache gets as many blocks as the target's out of the same budget."""
     if opts.num_blocks is not None:
         return opts.num_blocks
     budget = opts.kv_cache_memory_bytes
@@ -143,10 +148,35 @@ def _num_blocks(opts: WorkerOptions, config: ModelConfig, dtype: torch.dtype, de
             budget = int(free * GPU_KV_FRACTION)
         else:
             budget = CPU_KV_BYTES
-    blocks = budget // bytes_per_block(config, opts.block_size, dtype)
+    per_block = bytes_per_block(config, opts.block_size, dtype) + (bytes_per_block(draft, opts.block_size, dtype) if draft else 0)
+    blocks = budget // per_block
     if blocks < 1:
         raise ConfigError(f"a KV cache budget of {budget} bytes holds no block of {opts.block_size} tokens")
     return int(blocks)
+
+
+def _load_draft(opts: WorkerOptions, target: ModelConfig, dtype: torch.dtype, device: torch.device, fuse_weights: bool) -> DecoderModel:
+    """--speculative-model: the draft decoder, in the target's dtype on its device (random weights too with --load-format dummy)."""
+    where = f"--speculative-model {opts.speculative_model}"
+    if opts.load_format == "dummy-null":
+        raise ConfigError(f"{where}: a draft model needs the target's weights (not --load-format dummy-null)")
+    draft_dir = Path(opts.speculative_model)
+    if not (draft_dir / "config.json").is_file():
+        raise ConfigError(f"{where}: no config.json in that directory")
+    try:
+        config = load_model_config(draft_dir)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    if config.vocab_size > target.vocab_size:
+        raise ConfigError(f"{where}: its vocabulary ({config.vocab_size} tokens) is larger than the target's ({target.vocab_size}); "
+                          "a draft model shares the target's tokenizer")
+    if opts.load_format == "dummy":
+        reader = RandomWeightReader(config, dtype, device, opts.seed, **dummy_options(opts.model_loader_extra_config))
+    else:
+        reader = WeightReader(draft_dir, dtype, device, None, None)
+    model = DecoderModel(config, reader, fuse=fuse_weights)
+    reader.close()
+    return model
 
 
 def _max_model_len(opts: WorkerOptions, config: ModelConfig, num_blocks: int) -> int:
@@ -240,7 +270,9 @@ def _load_decoder(
     if opts.max_loras > 0:
         # Before the cache is sized: on CUDA the slot stacks are allocated now. dummy-null checks loads, keeps no weights.
         lora = LoraManager(LoraLayout.of(config, fused=fuse_weights), opts.max_loras, opts.max_lora_rank, device, dtype, keep_weights=not dummy)
-    num_blocks = _num_blocks(opts, local, dtype, device)
+    # The draft model, before the cache is sized (on CUDA the free memory counts its weights).
+    draft = _load_draft(opts, config, dtype, device, fuse_weights) if opts.speculative_model and not pooling else None
+    num_blocks = _num_blocks(opts, local, dtype, device, draft.config if draft else None)
     max_model_len = _max_model_len(opts, config, num_blocks)
     if not dummy:
         cache = KVCache(local, num_blocks, opts.block_size, dtype, device)
@@ -248,7 +280,12 @@ def _load_decoder(
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
     runner.lora = lora
-    if opts.num_speculative_tokens > 0 and not pooling:
+    if draft is not None:
+        draft_cache = KVCache(draft.config, num_blocks, opts.block_size, dtype, device)
+        draft_attention = make_backend(attention_backend, draft_cache, draft.config.num_heads, draft.scale, draft.config.sliding_windows)
+        runner.proposer = DraftModelProposer(draft, draft_attention, num_blocks, opts.block_size, opts.num_speculative_tokens,
+                                             draft.config.max_position_embeddings, device)
+    elif opts.num_speculative_tokens > 0 and not pooling:
         runner.proposer = NgramProposer(opts.num_speculative_tokens, opts.prompt_lookup_min, opts.prompt_lookup_max)
     pooling_config = None
     if pooling:

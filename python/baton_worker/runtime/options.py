@@ -9,7 +9,7 @@ python -m baton_worker --model DIR --in-endpoint EP --out-endpoint EP
     [--host-workers N] [--runner auto|generate|pooling] [--hf-overrides JSON]
     [--model-loader-extra-config JSON]
     [--max-loras N] [--max-lora-rank R]
-    [--num-speculative-tokens K] [--prompt-lookup-min N] [--prompt-lookup-max N]
+    [--num-speculative-tokens K] [--prompt-lookup-min N] [--prompt-lookup-max N] [--speculative-model DIR]
 
 --progress prints weight-loading progress to stderr as lines
 "BATON_PROGRESS <done> <total>" (tensors), which the supervisor turns into a
@@ -43,8 +43,10 @@ K draft tokens per verifiable row, found by matching the row's last n tokens
 (n from --prompt-lookup-max down to --prompt-lookup-min, defaults 3 and 1)
 earlier in its token list; the engine sends them back in Step.spec and the
 worker verifies them greedily. The TypeScript CLI derives these from vLLM's
---speculative-config. Steps never overlap with K above 0; like LoRA, only a
-plain generating decoder on one process takes it (loading.py).
+--speculative-config. With --speculative-model DIR (vLLM's draft_model
+method) a smaller decoder with the same vocabulary proposes exactly K drafts
+per row instead (spec/draft_model.py). Steps never overlap with K above 0;
+like LoRA, only a plain generating decoder on one process takes it (loading.py).
 
 Bad values never make argparse exit with its own status: they raise
 OptionsError, which the server reports as a Fatal message and exit code 1.
@@ -109,6 +111,7 @@ class WorkerOptions:
     num_speculative_tokens: int = 0  # n-gram drafts proposed per row (0: speculative decoding off)
     prompt_lookup_min: int = 1  # shortest n-gram the proposer matches
     prompt_lookup_max: int = 3  # longest n-gram the proposer matches
+    speculative_model: str | None = None  # the draft model's directory (None: n-gram proposals)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,6 +156,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-speculative-tokens", type=int, default=0, help="n-gram draft tokens per row (0: speculative decoding off)")
     p.add_argument("--prompt-lookup-min", type=int, default=1, help="shortest n-gram matched for drafts")
     p.add_argument("--prompt-lookup-max", type=int, default=3, help="longest n-gram matched for drafts")
+    p.add_argument("--speculative-model", help="draft model directory: it proposes the drafts instead of n-gram lookup")
     return p
 
 
@@ -185,6 +189,8 @@ def parse_options(argv: list[str]) -> WorkerOptions:
         raise OptionsError(f"--prompt-lookup-min must be positive, got {args.prompt_lookup_min}")
     if args.prompt_lookup_max < args.prompt_lookup_min:
         raise OptionsError(f"--prompt-lookup-max {args.prompt_lookup_max} is below --prompt-lookup-min {args.prompt_lookup_min}")
+    if args.speculative_model is not None and args.num_speculative_tokens < 1:
+        raise OptionsError("--speculative-model needs --num-speculative-tokens of at least 1")
     if args.rank < 0:
         raise OptionsError(f"--rank must be >= 0, got {args.rank}")
     if args.tensor_parallel_size < 1:

@@ -65,6 +65,7 @@ from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
 from ..sampling.head_screen import SPLIT_ROWS, screens
 from ..sampling.sampler import PendingSample, SampleOutput, Sampler, TokenMask, first_argmax, is_greedy, penalizes
 from ..sampling.token_bitmask import words_per_row
+from ..spec.draft_model import DraftModelProposer
 from ..spec.ngram import NgramProposer
 from .cpu_threads import CpuThreads
 from .persistent_batch import PersistentBatch, StepInputs
@@ -203,7 +204,7 @@ class StepRunner:
         self.lora_users: dict[int, int] = {}
         self.slot_lora = np.zeros(0, np.int32)
         # Speculative decoding's draft proposer (None: --num-speculative-tokens 0, Step.spec refused).
-        self.proposer: NgramProposer | None = None
+        self.proposer: NgramProposer | DraftModelProposer | None = None
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -422,6 +423,8 @@ class StepRunner:
                 del self.slot_of[req_id], self.by_slot[state.slot]
                 self._slot_index = None
                 self.prompt_slots.discard(state.slot)
+                if self.proposer is not None:
+                    self.proposer.release(state.slot)
                 self.penalized.discard(req_id)
                 self.embeds.pop(state.slot, None)
                 if state.lora_id:
@@ -716,19 +719,17 @@ class StepRunner:
                 and not len(s.allowed_token_ids) and not len(s.logit_bias_ids) and state.slot not in self.prompt_slots)
 
     def _propose(self, launched: LaunchedStep) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """StepResult.draft_counts / draft_ids: n-gram drafts from each speculable row's whole token list."""
+        """StepResult.draft_counts / draft_ids: the proposer's drafts for each speculable row, from its whole token list."""
         counts = np.zeros(len(launched.slots), np.int32)
-        parts = []
-        for i in np.flatnonzero(launched.speculable).tolist():
-            slot = int(launched.slots[i])
-            if self.by_slot.get(slot) is not launched.sampled[i]:
-                continue  # removed since the launch
-            ids = self.proposer.propose(self.batch.tokens[slot, : self.batch.lengths[slot]])
+        rows = [i for i in np.flatnonzero(launched.speculable).tolist()
+                if self.by_slot.get(int(launched.slots[i])) is launched.sampled[i]]  # not removed since the launch
+        slots = [int(launched.slots[i]) for i in rows]
+        drafts = self.proposer.propose_rows(slots, [self.batch.tokens[s, : self.batch.lengths[s]] for s in slots])
+        for i, ids in zip(rows, drafts):
             counts[i] = len(ids)
-            parts.append(ids)
         if not counts.any():
             return None, None
-        return counts, np.concatenate(parts).astype(np.int32)
+        return counts, np.concatenate(drafts).astype(np.int32)
 
     # ------------------------------------------------------------ prompt embeddings
 

@@ -67,3 +67,10 @@ class NgramProposer:
 
     def propose(self, tokens: np.ndarray) -> np.ndarray:
         return propose_ngram(tokens, self.k, self.min_n, self.max_n)
+
+    def propose_rows(self, slots: list[int], tokens: list[np.ndarray]) -> list[np.ndarray]:
+        """The proposers' one interface (spec/draft_model.py has the other): drafts for each row's known tokens."""
+        return [self.propose(t) for t in tokens]
+
+    def release(self, slot: int) -> None:
+        """Keeps nothing per request."""
