@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -142,9 +143,9 @@ def test_protocol_errors(llama_dir):
         runner.execute(_step(1, [], [(1, 4, 6, 0, 1)], [], too_many))
     with pytest.raises(ProtocolError, match=r"^Step\.spec\.draft_ids: has 1 ids"):
         runner.execute(_step(1, [], [(1, 3, 6, 0, 1)], [], SpecWork(np.array([2], np.int32), np.array([8], np.int32))))
-    sampled = AddedRequest(2, prompt, len(prompt), SamplingParams(temperature=1.0, seed=3))
-    with pytest.raises(ProtocolError, match=r"^Step\.spec\.draft_counts\[0\]: request 2 samples other than by plain argmax"):
-        runner.execute(_step(1, [sampled], [(2, 7, 0, 2, 1)], [4, 5], SpecWork(np.array([1], np.int32), np.array([7], np.int32))))
+    with_logprobs = AddedRequest(2, prompt, len(prompt), SamplingParams(temperature=1.0, seed=3, logprobs=2))
+    with pytest.raises(ProtocolError, match=r"^Step\.spec\.draft_counts\[0\]: request 2 asks for logprobs, penalties"):
+        runner.execute(_step(1, [with_logprobs], [(2, 7, 0, 2, 1)], [4, 5], SpecWork(np.array([1], np.int32), np.array([7], np.int32))))
     # Accepted: 8 (= 7 + 1), then 5 is rejected (the target says 9): two tokens appended.
     result = runner.execute(_step(1, [], [(1, 3, 6, 1, 1)], [2], SpecWork(np.array([2], np.int32), np.array([8, 5], np.int32))))
     assert result.token_ids.tolist() == [8, 9] and result.token_counts.tolist() == [2]
@@ -183,14 +184,16 @@ class _GraphsSpy:
         return None
 
 
-def _run(model_dir, prompts, spec, new_tokens, budget, load_format="auto", graphs=None, draft=None):
+def _run(model_dir, prompts, spec, new_tokens, budget, load_format="auto", graphs=None, draft=None, sampled_row=True):
     loaded = _worker(model_dir, spec=spec, load_format=load_format, speculative_model=None if draft is None else str(draft))
     loaded.runner.graphs = graphs
     sim = EngineSim(loaded.runner, BLOCK, NUM_BLOCKS, token_budget=budget, seed=3, spec_tokens=spec)
     greedy = SamplingParams(temperature=0.0)
     requests = [SimRequest(i, p, new_tokens, greedy, arrive_step=2 * i) for i, p in enumerate(prompts)]
-    # Sampled at temperature 1 with its own seed: never drafted, the same tokens with or without speculation.
-    requests.append(SimRequest(len(prompts), prompts[0], new_tokens, SamplingParams(temperature=1.0, seed=1234), arrive_step=1))
+    # Sampled at temperature 1 with its own seed: drafted too, and verified by drawing each position with the
+    # seed's own uniform number, so its tokens are the same with or without speculation.
+    if sampled_row:
+        requests.append(SimRequest(len(prompts), prompts[0], new_tokens, SamplingParams(temperature=1.0, seed=1234), arrive_step=1))
     sim.run(requests)
     return [r.output for r in requests], sim
 
@@ -201,12 +204,23 @@ ARCHS = [("llama", 3, 0), ("qwen2", 3, 1), ("qwen3", 0, 0), ("mistral", 3, 2)]
 NEW_TOKENS = 40
 
 
+def _early_exit_draft(model_dir, out):
+    """The model's first layer and its head as a draft model (a copy whose config has one layer)."""
+    shutil.copytree(model_dir, out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    return out
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
 @pytest.mark.parametrize("arch,variant,seed", ARCHS, ids=[a for a, _, _ in ARCHS])
-def test_greedy_with_drafts_matches_greedy_without(one_torch_thread, tmp_path, arch, variant, seed):
+def test_greedy_with_drafts_matches_greedy_without(one_torch_thread, tmp_path, arch, variant, seed, method):
+    """Greedy rows and a seeded sampled row: the same tokens with drafts as without, each method."""
     model_dir = make_model_dir(arch, tmp_path / arch, variant)
     prompts = _prompts(512, seed)
+    draft = _early_exit_draft(model_dir, tmp_path / "draft") if method == "draft_model" else None
     plain, _ = _run(model_dir, prompts, 0, NEW_TOKENS, budget=7)
-    drafted, sim = _run(model_dir, prompts, K, NEW_TOKENS, budget=7)
+    drafted, sim = _run(model_dir, prompts, K, NEW_TOKENS, budget=7, draft=draft)
     assert drafted == plain
     assert sim.proposed > 0 and sim.scheduled > 0
     assert sim.accepted > 0 and sim.rejected > 0, (sim.accepted, sim.rejected)
@@ -275,8 +289,8 @@ def test_draft_model_that_is_the_target_drafts_what_it_decodes(one_torch_thread,
     """The target as its own draft: every draft is the target's own greedy token, so (but for rounding between
     batch shapes) all are accepted, and the output is greedy decoding's."""
     prompts = _prompts(512, 0)
-    plain, _ = _run(llama_dir, prompts, 0, NEW_TOKENS, budget=7)
-    drafted, sim = _run(llama_dir, prompts, K, NEW_TOKENS, budget=7, draft=llama_dir)
+    plain, _ = _run(llama_dir, prompts, 0, NEW_TOKENS, budget=7, sampled_row=False)
+    drafted, sim = _run(llama_dir, prompts, K, NEW_TOKENS, budget=7, draft=llama_dir, sampled_row=False)
     assert drafted == plain
     assert sim.proposed > 0
     assert sim.rejected <= 0.05 * (sim.accepted + sim.rejected), (sim.accepted, sim.rejected)
@@ -315,3 +329,62 @@ def test_draft_model_refusals(llama_dir, tmp_path):
         _worker(llama_dir, speculative_model=str(llama_dir), load_format="dummy-null")
     with pytest.raises(OptionsError, match="--speculative-model needs --num-speculative-tokens of at least 1"):
         parse_options(["--model", "m", "--in-endpoint", "a", "--out-endpoint", "b", "--block-size", "4", "--speculative-model", "d"])
+
+
+# ------------------------------------------------------------ sampled rows: rejection sampling
+
+
+def test_sampled_rows_keep_the_target_distribution(llama_dir):
+    """2,000 seeded requests at temperature 1 with the same prompt, each verifying the same two drafts (x1,
+    x2: the most likely tokens) in one step. The first token must be distributed as the target's softmax,
+    x1 accepted with probability p(x1), the second token (after an accepted x1) as the target's softmax
+    after x1; and each seeded request's first token is the one it draws without speculation."""
+    import torch
+
+    from hf_reference import load_model
+
+    n, prompt = 2000, np.array([5, 17, 300, 42, 9, 77], np.int32)
+    model = load_model(llama_dir, "float32")
+    with torch.no_grad():
+        p1 = torch.softmax(model(torch.tensor([prompt.tolist()])).logits[0, -1].double(), -1).numpy()
+        x1 = int(p1.argmax())
+        p2 = torch.softmax(model(torch.tensor([prompt.tolist() + [x1]])).logits[0, -1].double(), -1).numpy()
+    x2 = int(p2.argmax())
+
+    def first_tokens(spec: int) -> tuple[np.ndarray, np.ndarray | None]:
+        opts = WorkerOptions(model=str(llama_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=2 * n + 8, dtype="float32",
+                             num_speculative_tokens=spec)
+        runner = load_worker(opts).runner
+        added = [AddedRequest(i, prompt, len(prompt), SamplingParams(temperature=1.0, seed=i)) for i in range(n)]
+        # Step 0 runs the first 5 prompt tokens of every request; step 1 its last one (with the drafts).
+        runner.execute(_step(0, added, [(i, 5, 0, 2, 0) for i in range(n)], list(range(2 * n))))
+        drafts = SpecWork(np.full(n, 2, np.int32), np.tile(np.array([x1, x2], np.int32), n)) if spec else None
+        result = runner.execute(_step(1, [], [(i, 3 if spec else 1, 5, 0, 1) for i in range(n)], [], drafts))
+        if not spec:
+            return result.token_ids, None
+        counts = result.token_counts if result.token_counts is not None else np.ones(n, np.int32)
+        starts = np.cumsum(counts) - counts
+        return result.token_ids[starts], np.array([result.token_ids[s + 1] if c > 1 and result.token_ids[s] == x1 else -1
+                                                   for s, c in zip(starts, counts)])
+
+    first, second = first_tokens(2)
+    alone, _ = first_tokens(0)
+    assert (first == alone).all(), "a seeded row draws other tokens with speculation than without"
+
+    def fits(tokens: np.ndarray, p: np.ndarray) -> bool:
+        """Pearson's chi-square test at the 0.1% level, over the likeliest tokens expected at least 10
+        times (at most 8) and the rest as one bin."""
+        top = [t for t in np.argsort(-p)[:8] if p[t] * len(tokens) >= 10]
+        observed = np.array([(tokens == t).sum() for t in top] + [len(tokens) - np.isin(tokens, top).sum()], np.float64)
+        expected = np.append(p[top], 1 - p[top].sum()) * len(tokens)
+        statistic = float(((observed - expected) ** 2 / expected).sum())
+        critical = [10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12][len(top) - 1]  # by degrees of freedom
+        return statistic < critical
+
+    assert fits(first, p1)
+    accepted = first == x1
+    sigma = np.sqrt(p1[x1] * (1 - p1[x1]) / n)
+    assert abs(accepted.mean() - p1[x1]) < 4 * sigma, (accepted.mean(), p1[x1])
+    after = second[accepted]
+    assert (after >= 0).all() and len(after) > 200
+    assert fits(after, p2)

@@ -72,6 +72,19 @@ describe("speculative decoding: n-gram", () => {
     assert.ok((await metric(server, "vllm:prefix_cache_hits_total")) > 0, "no prefix-cache hit");
   });
 
+  test("sampled rows speculate too: a seeded request is reproducible alone and among others", async () => {
+    const before = await metric(server, "vllm:spec_decode_num_drafts_total");
+    const ask = (seed: number) =>
+      postJson<CompletionWithIds>(`${server.url}/v1/completions`, { model: "spec", prompt: PROMPTS[1], max_tokens: MAX_TOKENS, temperature: 0.8, top_p: 0.95, seed, return_token_ids: true });
+    const alone = await ask(7);
+    const together = await Promise.all([ask(7), ask(8), ask(9), ask(7)]);
+    for (const r of [alone, ...together]) assert.equal(r.status, 200, JSON.stringify(r.body));
+    const ids = (r: typeof alone): number[] | undefined => r.body.choices[0]?.token_ids;
+    assert.deepEqual(ids(together[0]!), ids(alone));
+    assert.deepEqual(ids(together[3]!), ids(alone));
+    assert.ok((await metric(server, "vllm:spec_decode_num_drafts_total")) > before, "no sampled row verified drafts");
+  });
+
   test("200 clients that leave mid-stream free every KV block", async () => {
     for (let start = 0; start < 200; start += 25) {
       await Promise.all(

@@ -33,13 +33,16 @@ distinct adapters in a step than --max-loras, any LoRA on a worker without it.
 
 Speculative decoding (--num-speculative-tokens K above 0, `proposer` set; no
 overlap): after every step the worker proposes up to K drafts for each
-sampled row it can verify exactly by argmax (greedy, no logprobs, no logit
-edits; n-gram prompt lookup, spec/ngram.py) in StepResult.draft_counts /
+sampled row it can verify from each position's logits alone (greedy or
+sampled; no logprobs, penalties or logit edits; n-gram prompt lookup,
+spec/ngram.py, or a draft model, spec/draft_model.py) in StepResult.draft_counts /
 draft_ids. A step's Step.spec puts drafts after a row's known tokens: they are
 written after the row's tokens in the persistent batch (not counted in its
 length) so the inputs read them, the forward computes float32 logits at the
-row's last known token and at every draft, and the drafts are verified by
-argmax (_verified): the accepted drafts and the token after them are appended
+row's last known token and at every draft, each position draws its token as
+the row would without drafts (argmax, or the sampler with that position's
+output index: _targets), and a draft is kept while it equals the token drawn
+(_verified): the accepted drafts and the token after them are appended
 at once (StepResult.token_counts). The step's other sampled rows sample as in
 any step (from their own logits rows, screened or not). On CUDA a step with
 drafts whose rows all decode (one known token and its drafts each) replays the
@@ -61,7 +64,7 @@ from ..attention import AttentionBackend
 from ..lora import LoraBatch, LoraManager
 from ..model.decoder import DecoderModel
 from ..model.pooling import ChunkPooler, pooled_result
-from ..protocol import ProtocolError, Step, StepMask, StepResult, StepTimings
+from ..protocol import ProtocolError, SamplingParams, Step, StepMask, StepResult, StepTimings
 from ..sampling.head_screen import SPLIT_ROWS, screens
 from ..sampling.sampler import PendingSample, SampleOutput, Sampler, TokenMask, first_argmax, is_greedy, penalizes
 from ..sampling.token_bitmask import words_per_row
@@ -133,6 +136,16 @@ class PromptRows:
 
 
 @dataclass
+class _VerifyPosition:
+    """A sampled draft row at one verify position, as the sampler reads a request: its parameters and
+    the output index the token there would have (verification excludes rows whose logits the
+    sampler edits, so nothing else is read)."""
+
+    sampling: SamplingParams
+    num_output_tokens: int
+
+
+@dataclass
 class SpecRows:
     """A step's rows with drafts (Step.spec), as the forward pass and the verification see them."""
 
@@ -141,7 +154,7 @@ class SpecRows:
     counts: np.ndarray  # int64 [draft rows]: drafts per draft row
     draft_ids: np.ndarray  # int64 [sum of counts]: the drafts, row after row
     index: np.ndarray  # int64 [sum of counts + 1]: the flattened tokens whose logits verify them
-    targets: np.ndarray | None = None  # int64 [same]: the argmax at each of those tokens
+    targets: np.ndarray | None = None  # int64 [same]: the token each of those positions draws
     head_logits: torch.Tensor | None = None  # the other sampled rows' logits, when the decode graphs ran the step
 
 
@@ -270,7 +283,7 @@ class StepRunner:
                 logits = self.graphs.run(inputs)
                 graphed = logits is not None
             elif graphed:
-                graphed = self._verify_graphed(spec, drafts, num_new, inputs, head_inputs, bool(head_sampled))
+                graphed = self._verify_graphed(spec, drafts, num_new, inputs, head_inputs, bool(head_sampled), sampled)
                 logits = spec.head_logits
             if not graphed:
                 screened = self._screened(head_sampled, head_masks) if prompt is None else None
@@ -285,7 +298,7 @@ class StepRunner:
                     logits = self.model.logits(hidden, head_inputs.logits_indices)
                 if spec is not None:
                     index = torch.from_numpy(spec.index).to(hidden.device)
-                    spec.targets = first_argmax(self.model.logits(hidden, index)).cpu().numpy().astype(np.int64)
+                    spec.targets = self._targets(self.model.logits(hidden, index), spec, sampled)
                 if prompt is not None:
                     prompt_out = self._prompt_logprobs(hidden, prompt)
         elif prompt is not None:
@@ -641,10 +654,10 @@ class StepRunner:
         unverifiable = [j for j, i in enumerate(drafted.tolist()) if not self._verifiable(sampled[i])]
         if unverifiable:
             i = int(rows[unverifiable[0]])
-            raise ProtocolError(f"Step.spec.draft_counts[{i}]", f"request {int(step.req_ids[i])} samples other than by plain argmax "
-                                "(temperature, logprobs, penalties, biases or min_tokens): its drafts cannot be verified")
+            raise ProtocolError(f"Step.spec.draft_counts[{i}]", f"request {int(step.req_ids[i])} asks for logprobs, penalties, "
+                                "logit biases or min_tokens: its drafts cannot be verified")
         if len(step.mask_rows) and np.isin(step.mask_rows, drafted).any():
-            raise ProtocolError("Step.mask_rows", "a grammar-masked row carries drafts (Step.spec): its drafts cannot be verified by argmax")
+            raise ProtocolError("Step.mask_rows", "a grammar-masked row carries drafts (Step.spec): its drafts cannot be verified")
         counts = drafts[rows]
         last = inputs.logits_indices_host[drafted]  # each draft row's last flattened token: its last draft
         width = counts + 1
@@ -653,8 +666,25 @@ class StepRunner:
         rest = np.setdiff1d(np.arange(int(sample.sum())), drafted)
         return SpecRows(drafted, rest, counts, step.spec.draft_ids.astype(np.int64), index)
 
+    def _targets(self, logits: torch.Tensor, spec: SpecRows, sampled: list[RequestState]) -> np.ndarray:
+        """The token each verify position of the draft rows samples (spec.index's logits, row after row).
+
+        Greedy rows take the argmax. A sampled row draws each position as it would without drafts:
+        the sampler with the row's parameters and that position's output index (a seeded row's
+        uniform number is its seed's at that index). Since both proposers are deterministic (a
+        proposal puts all its mass on one token), accepting a draft while it equals the token
+        drawn is rejection sampling exactly: a draft x is kept with probability p(x), and on
+        rejection the token drawn is distributed as p without x, renormalized. So the output is
+        the target's distribution, and a seeded row's tokens are the ones it gets without
+        speculation."""
+        rows = [sampled[i] for i in spec.drafted.tolist()]
+        if all(is_greedy(st) for st in rows):
+            return first_argmax(logits).cpu().numpy().astype(np.int64)
+        positions = [_VerifyPosition(st.sampling, st.num_output_tokens + j) for st, d in zip(rows, spec.counts.tolist()) for j in range(d + 1)]
+        return self.sampler.sample(logits, positions).token_ids.astype(np.int64)
+
     def _verify_graphed(self, spec: SpecRows, drafts: np.ndarray, num_new: np.ndarray, inputs: StepInputs,
-                        head_inputs: StepInputs, head_sampled: bool) -> bool:
+                        head_inputs: StepInputs, head_sampled: bool, sampled: list[RequestState]) -> bool:
         """A verify step whose rows are each one known token and its drafts, through the decode
         graphs (every token a row): sets spec.targets and, for the other sampled rows, spec.head_logits.
         False when the step does not qualify (a prefill chunk, too many tokens): it runs eagerly."""
@@ -664,7 +694,7 @@ class StepRunner:
         if every is None:
             return False
         index = torch.from_numpy(spec.index).to(every.device, non_blocking=True)
-        spec.targets = first_argmax(every.index_select(0, index)).cpu().numpy().astype(np.int64)
+        spec.targets = self._targets(every.index_select(0, index), spec, sampled)
         if head_sampled:
             spec.head_logits = every.index_select(0, head_inputs.logits_indices)
         return True
@@ -707,15 +737,16 @@ class StepRunner:
         return SampleOutput(tokens, logprobs, top_counts, out.top_ids, out.top_logprobs), counts
 
     def _speculable(self, sampled: list[RequestState], mask_rows: np.ndarray) -> np.ndarray:
-        """Which sampled rows get draft proposals: those whose next tokens argmax verifies exactly
-        (greedy, no logprobs, no logit edits, no grammar mask, no prompt logprobs pending)."""
+        """Which sampled rows get draft proposals: those _verifiable, without a grammar mask."""
         ok = np.fromiter((self._verifiable(st) for st in sampled), bool, len(sampled))
         ok[mask_rows[(mask_rows >= 0) & (mask_rows < len(ok))]] = False
         return ok
 
     def _verifiable(self, state: RequestState) -> bool:
+        """Rows whose drafts verification can decide from each position's logits alone: greedy or sampled
+        (temperature, top-k, top-p, min-p, seed), with no logprobs, penalties, logit edits or min_tokens."""
         s = state.sampling
-        return (is_greedy(state) and s.logprobs < 0 and not penalizes(s) and s.min_tokens == 0 and not len(s.suppress_token_ids)
+        return (s.logprobs < 0 and not penalizes(s) and s.min_tokens == 0 and not len(s.suppress_token_ids)
                 and not len(s.allowed_token_ids) and not len(s.logit_bias_ids) and state.slot not in self.prompt_slots)
 
     def _propose(self, launched: LaunchedStep) -> tuple[np.ndarray | None, np.ndarray | None]:
