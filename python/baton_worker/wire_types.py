@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "SpecWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 13
+PROTOCOL_VERSION = 14
 
 
 @dataclass
@@ -290,9 +290,9 @@ class Ready:
 class StepResult:
     """req_ids / token_ids: one entry per sampled row, in row order.
 
-    logprobs: the sampled token's log-probability per sampled row, nil when no row asked (SamplingParams.logprobs < 0).
+    logprobs: each token's log-probability, one entry per token of token_ids, nil when no row asked (SamplingParams.logprobs < 0).
 
-    top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many).
+    top_counts[i] entries of top_ids / top_logprobs belong to token i of token_ids (SamplingParams.logprobs > 0 asks for that many).
 
     prompt_results: one per prompt request, in order: its values by name (a 1-D integer tensor as 'tokens'; other tensors stay in this worker's store as 'tensor' with one reference, the control plane's), or the error that refuses the request.
 

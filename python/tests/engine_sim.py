@@ -215,12 +215,14 @@ class EngineSim:
                 r.proposal = result.draft_ids[draft_at : draft_at + n].tolist()
                 draft_at += n
                 self.proposed += n
-            if result.logprobs is not None:
-                r.logprobs.append(float(result.logprobs[i]))
-            if result.top_counts is not None:
-                n = int(result.top_counts[i])
-                r.tops.append((result.top_ids[top_offset : top_offset + n].tolist(), result.top_logprobs[top_offset : top_offset + n].tolist()))
-                top_offset += n
+            # Logprobs come token by token (a row with drafts appends several).
+            for j in range(int(starts[i]), int(starts[i + 1])):
+                if result.logprobs is not None:
+                    r.logprobs.append(float(result.logprobs[j]))
+                if result.top_counts is not None:
+                    n = int(result.top_counts[j])
+                    r.tops.append((result.top_ids[top_offset : top_offset + n].tolist(), result.top_logprobs[top_offset : top_offset + n].tolist()))
+                    top_offset += n
             if len(r.output) >= r.max_new_tokens:
                 r.done = True
                 self.free += r.blocks

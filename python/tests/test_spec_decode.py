@@ -143,9 +143,9 @@ def test_protocol_errors(llama_dir):
         runner.execute(_step(1, [], [(1, 4, 6, 0, 1)], [], too_many))
     with pytest.raises(ProtocolError, match=r"^Step\.spec\.draft_ids: has 1 ids"):
         runner.execute(_step(1, [], [(1, 3, 6, 0, 1)], [], SpecWork(np.array([2], np.int32), np.array([8], np.int32))))
-    with_logprobs = AddedRequest(2, prompt, len(prompt), SamplingParams(temperature=1.0, seed=3, logprobs=2))
-    with pytest.raises(ProtocolError, match=r"^Step\.spec\.draft_counts\[0\]: request 2 asks for logprobs, penalties"):
-        runner.execute(_step(1, [with_logprobs], [(2, 7, 0, 2, 1)], [4, 5], SpecWork(np.array([1], np.int32), np.array([7], np.int32))))
+    penalized = AddedRequest(2, prompt, len(prompt), SamplingParams(temperature=1.0, seed=3, frequency_penalty=0.5))
+    with pytest.raises(ProtocolError, match=r"^Step\.spec\.draft_counts\[0\]: request 2 asks for penalties"):
+        runner.execute(_step(1, [penalized], [(2, 7, 0, 2, 1)], [4, 5], SpecWork(np.array([1], np.int32), np.array([7], np.int32))))
     # Accepted: 8 (= 7 + 1), then 5 is rejected (the target says 9): two tokens appended.
     result = runner.execute(_step(1, [], [(1, 3, 6, 1, 1)], [2], SpecWork(np.array([2], np.int32), np.array([8, 5], np.int32))))
     assert result.token_ids.tolist() == [8, 9] and result.token_counts.tolist() == [2]
@@ -388,3 +388,29 @@ def test_sampled_rows_keep_the_target_distribution(llama_dir):
     after = second[accepted]
     assert (after >= 0).all() and len(after) > 200
     assert fits(after, p2)
+
+
+def test_logprobs_of_drafted_rows_are_those_without_drafts(one_torch_thread, llama_dir):
+    """Rows asking for logprobs (greedy and seeded, top 3) speculate too; every token's logprob and top
+    alternatives equal those of the same run without drafts."""
+
+    def run(spec: int) -> tuple[list[SimRequest], EngineSim]:
+        loaded = _worker(llama_dir, spec=spec)
+        sim = EngineSim(loaded.runner, BLOCK, NUM_BLOCKS, token_budget=7, seed=3, spec_tokens=spec)
+        params = [SamplingParams(temperature=0.0, logprobs=3), SamplingParams(temperature=0.9, seed=11, logprobs=0),
+                  SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, top_k=20, seed=5, logprobs=2)]
+        requests = [SimRequest(i, p, 24, params[i], arrive_step=i) for i, p in enumerate(_prompts(512, 0))]
+        sim.run(requests)
+        return requests, sim
+
+    plain, _ = run(0)
+    drafted, sim = run(K)
+    assert sim.accepted > 0
+    drafted_ids = {int(r) for s in sim.steps if s.spec is not None for r, n in zip(s.req_ids, s.spec.draft_counts) if n > 0}
+    assert {0, 1, 3} <= drafted_ids, drafted_ids  # the rows asking for logprobs verified drafts
+    for a, b in zip(plain, drafted):
+        assert b.output == a.output
+        assert len(b.logprobs) == len(a.logprobs) and np.allclose(b.logprobs, a.logprobs, atol=1e-5)
+        assert [ids for ids, _ in b.tops] == [ids for ids, _ in a.tops]
+        assert all(np.allclose(x, y, atol=1e-5) for (_, x), (_, y) in zip(b.tops, a.tops))
+    assert len(drafted[0].tops) == 24 and all(len(ids) == 3 for ids, _ in drafted[0].tops)

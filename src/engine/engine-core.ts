@@ -612,16 +612,19 @@ export class EngineCore {
       // Speculative decoding: a row may append several tokens (its accepted drafts, then one more).
       const count = counts === null ? 1 : (counts[k] as number);
       const first = t;
+      const firstTopAt = topAt;
       t += count;
+      // Logprobs and their alternatives come token by token (a row with drafts has several).
+      if (result.top_counts !== null) for (let j = first; j < t - 1; j++) topAt += result.top_counts[j] as number;
       const token = result.token_ids[t - 1] as number;
-      const logprob = request.numLogprobs >= 0 ? tokenLogprob(result, k, token, topAt) : null;
-      if (result.top_counts !== null) topAt += result.top_counts[k] as number;
+      const logprob = request.numLogprobs >= 0 ? tokenLogprob(result, t - 1, token, topAt) : null;
+      if (result.top_counts !== null) topAt += result.top_counts[t - 1] as number;
       const proposals = drafts?.next() ?? null;
       k++;
       // Aborted while the step ran, or stopped one step earlier (overlap): the token is dropped.
       // A request preempted after this step was sent keeps its token (the worker computed it validly).
       if (request.status === "finished") continue;
-      if (count > 1 && this.appendDrafted(request, result.token_ids, first, t - 1, now)) continue;
+      if (count > 1 && this.appendDrafted(request, result, first, t - 1, firstTopAt, now)) continue;
       if (proposals !== null && request.status === "running") request.draftIds = proposals;
       request.appendOutputToken(token);
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
@@ -643,24 +646,27 @@ export class EngineCore {
   }
 
   /**
-   * A row's accepted drafts, tokens[from, to), appended one by one as if
-   * sampled one per step: each goes out as a plain token, and one that stops
-   * the request ends it (the rest are dropped). True when it stopped.
+   * A row's accepted drafts, token_ids[from, to), appended one by one as if
+   * sampled one per step (with their logprobs when asked; the first one's top
+   * alternatives start at topAt): one that stops the request ends it (the
+   * rest are dropped). True when it stopped.
    */
-  private appendDrafted(request: Request, tokens: Int32Array, from: number, to: number, now: number): boolean {
+  private appendDrafted(request: Request, result: StepResultMessage, from: number, to: number, topAt: number, now: number): boolean {
     for (let j = from; j < to; j++) {
-      const token = tokens[j] as number;
+      const token = result.token_ids[j] as number;
+      const logprob = request.numLogprobs >= 0 ? tokenLogprob(result, j, token, topAt) : null;
+      if (result.top_counts !== null) topAt += result.top_counts[j] as number;
       request.appendOutputToken(token);
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
       request.lastTokenMs = now;
       const stop = checkStop(request, this.maxLen);
-      if (stop === null) {
+      if (stop === null && logprob === null) {
         this.outputs.addToken(request.id, token, Math.max(request.numCachedTokens, 0));
         continue;
       }
-      this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
-      this.emit(outputOf(request, token, null, stop));
-      return true;
+      if (stop !== null) this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
+      this.emit(outputOf(request, token, logprob, stop));
+      if (stop !== null) return true;
     }
     return false;
   }

@@ -37,7 +37,7 @@ export function collectPromptLogprobs(out: SchedulerOutput, message: StepMessage
   }
 }
 
-/** The sampled token's logprob and its alternatives, from the worker's flat arrays (row k, its alternatives from topAt). */
+/** The sampled token's logprob and its alternatives, from the worker's flat arrays (token k of token_ids, its alternatives from topAt). */
 export function tokenLogprob(result: StepResultMessage, k: number, token: number, topAt: number): TokenLogprob | null {
   if (result.logprobs === null) return null;
   const top: TokenLogprob["top"] = [];

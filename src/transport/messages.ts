@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 13;
+export const PROTOCOL_VERSION = 14;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -244,8 +244,8 @@ export interface ReadyMessage {
 
 /**
  * req_ids / token_ids: one entry per sampled row, in row order.
- * logprobs: the sampled token's log-probability per sampled row, nil when no row asked (SamplingParams.logprobs < 0).
- * top_counts[i] entries of top_ids / top_logprobs belong to sampled row i (SamplingParams.logprobs > 0 asks for that many).
+ * logprobs: each token's log-probability, one entry per token of token_ids, nil when no row asked (SamplingParams.logprobs < 0).
+ * top_counts[i] entries of top_ids / top_logprobs belong to token i of token_ids (SamplingParams.logprobs > 0 asks for that many).
  * prompt_results: one per prompt request, in order: its values by name (a 1-D integer tensor as 'tokens'; other tensors stay in this worker's store as 'tensor' with one reference, the control plane's), or the error that refuses the request.
  * pass_results: one per pass of every batch, in order: stored outputs by name (one reference each, the control plane's), client_chunks (outputs bound for the client, already postprocessed to bytes), the loops the pass stops, or the error that fails its request.
  * Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
@@ -302,7 +302,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 13,
+  protocolVersion: 14,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },

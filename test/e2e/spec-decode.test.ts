@@ -85,6 +85,28 @@ describe("speculative decoding: n-gram", () => {
     assert.ok((await metric(server, "vllm:spec_decode_num_drafts_total")) > before, "no sampled row verified drafts");
   });
 
+  test("rows asking for logprobs speculate too: tokens as transformers', one logprob per token, the greedy token the likeliest", async () => {
+    type WithLogprobs = CompletionWithIds & { choices: { logprobs: { token_logprobs: number[]; top_logprobs: Record<string, number>[] } }[] };
+    const before = await metric(server, "vllm:spec_decode_num_drafts_total");
+    const responses = await Promise.all(
+      PROMPTS.map((prompt) => postJson<WithLogprobs>(`${server.url}/v1/completions`, { model: "spec", prompt, max_tokens: MAX_TOKENS, temperature: 0, logprobs: 2, return_token_ids: true })),
+    );
+    for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
+    const expected = transformersGreedy(dir, responses.map((r) => promptIdsOf(r.body)), MAX_TOKENS);
+    responses.forEach((r, i) => {
+      const choice = r.body.choices[0]!;
+      assert.deepEqual(choice.token_ids, expected[i], `prompt ${i}`);
+      assert.equal(choice.logprobs.token_logprobs.length, MAX_TOKENS);
+      choice.logprobs.token_logprobs.forEach((lp, j) => {
+        const top = Object.values(choice.logprobs.top_logprobs[j]!);
+        assert.ok(top.length >= 1 && top.length <= 2, `prompt ${i} token ${j}: ${top.length} alternatives`);
+        assert.ok(Math.abs(lp - Math.max(...top)) < 1e-6, `prompt ${i} token ${j}: logprob ${lp}, alternatives ${top}`);
+      });
+    });
+    // Every request asked for logprobs, so the drafts verified were theirs.
+    assert.ok((await metric(server, "vllm:spec_decode_num_drafts_total")) > before, "no logprobs row verified drafts");
+  });
+
   test("200 clients that leave mid-stream free every KV block", async () => {
     for (let start = 0; start < 200; start += 25) {
       await Promise.all(

@@ -34,7 +34,7 @@ distinct adapters in a step than --max-loras, any LoRA on a worker without it.
 Speculative decoding (--num-speculative-tokens K above 0, `proposer` set; no
 overlap): after every step the worker proposes up to K drafts for each
 sampled row it can verify from each position's logits alone (greedy or
-sampled; no logprobs, penalties or logit edits; n-gram prompt lookup,
+sampled, logprobs too; no penalties or logit edits; n-gram prompt lookup,
 spec/ngram.py, or a draft model, spec/draft_model.py) in StepResult.draft_counts /
 draft_ids. A step's Step.spec puts drafts after a row's known tokens: they are
 written after the row's tokens in the persistent batch (not counted in its
@@ -155,6 +155,7 @@ class SpecRows:
     draft_ids: np.ndarray  # int64 [sum of counts]: the drafts, row after row
     index: np.ndarray  # int64 [sum of counts + 1]: the flattened tokens whose logits verify them
     targets: np.ndarray | None = None  # int64 [same]: the token each of those positions draws
+    drawn: SampleOutput | None = None  # the sampler's output for those positions (their logprobs), when it ran
     head_logits: torch.Tensor | None = None  # the other sampled rows' logits, when the decode graphs ran the step
 
 
@@ -654,7 +655,7 @@ class StepRunner:
         unverifiable = [j for j, i in enumerate(drafted.tolist()) if not self._verifiable(sampled[i])]
         if unverifiable:
             i = int(rows[unverifiable[0]])
-            raise ProtocolError(f"Step.spec.draft_counts[{i}]", f"request {int(step.req_ids[i])} asks for logprobs, penalties, "
+            raise ProtocolError(f"Step.spec.draft_counts[{i}]", f"request {int(step.req_ids[i])} asks for penalties, "
                                 "logit biases or min_tokens: its drafts cannot be verified")
         if len(step.mask_rows) and np.isin(step.mask_rows, drafted).any():
             raise ProtocolError("Step.mask_rows", "a grammar-masked row carries drafts (Step.spec): its drafts cannot be verified")
@@ -678,10 +679,11 @@ class StepRunner:
         the target's distribution, and a seeded row's tokens are the ones it gets without
         speculation."""
         rows = [sampled[i] for i in spec.drafted.tolist()]
-        if all(is_greedy(st) for st in rows):
+        if all(is_greedy(st) and st.sampling.logprobs < 0 for st in rows):
             return first_argmax(logits).cpu().numpy().astype(np.int64)
         positions = [_VerifyPosition(st.sampling, st.num_output_tokens + j) for st, d in zip(rows, spec.counts.tolist()) for j in range(d + 1)]
-        return self.sampler.sample(logits, positions).token_ids.astype(np.int64)
+        spec.drawn = self.sampler.sample(logits, positions)
+        return spec.drawn.token_ids.astype(np.int64)
 
     def _verify_graphed(self, spec: SpecRows, drafts: np.ndarray, num_new: np.ndarray, inputs: StepInputs,
                         head_inputs: StepInputs, head_sampled: bool, sampled: list[RequestState]) -> bool:
@@ -700,9 +702,10 @@ class StepRunner:
         return True
 
     def _verified(self, spec: SpecRows, out: SampleOutput, sampled: list[RequestState], slots: np.ndarray) -> tuple[SampleOutput, np.ndarray]:
-        """Greedy verification of the draft rows, merged with the other rows' sampled tokens; every
-        appended token put in place (state, persistent batch) at once. Returns the step's output (tokens
-        row after row) and the count per sampled row."""
+        """Verification of the draft rows (spec.targets: the token each position drew), merged with the
+        other rows' sampled tokens; every appended token put in place (state, persistent batch) at once.
+        Returns the step's output (tokens row after row, their logprobs token by token) and the count per
+        sampled row."""
         d, targets = spec.counts, spec.targets
         t_start = np.cumsum(d + 1) - (d + 1)
         d_start = np.cumsum(d) - d
@@ -726,15 +729,30 @@ class StepRunner:
             state.token_ids.extend(tokens[a:b].tolist())
         if self.overlap and len(slots):
             self._keep_on_device(slots, torch.from_numpy(tokens[ends - 1]).to(self.device))
-        n = len(sampled)
-        logprobs = top_counts = None
-        if out.logprobs is not None:  # draft rows ask for none: zeros in their places
-            logprobs = np.zeros(n, np.float32)
-            logprobs[spec.rest] = out.logprobs
-        if out.top_counts is not None:
-            top_counts = np.zeros(n, np.int32)
-            top_counts[spec.rest] = out.top_counts
-        return SampleOutput(tokens, logprobs, top_counts, out.top_ids, out.top_logprobs), counts
+        # Logprobs token by token: a draft row's kept positions' from its verify draws, the others' their own.
+        drawn = spec.drawn
+        rest_at, kept_at, kept_from = begin[spec.rest], begin[spec.drafted][owner] + at, t_start[owner] + at
+        logprobs = top_counts = top_ids = top_logprobs = None
+        if out.logprobs is not None or (drawn is not None and drawn.logprobs is not None):
+            logprobs = np.zeros(len(tokens), np.float32)
+            if out.logprobs is not None:
+                logprobs[rest_at] = out.logprobs
+            if drawn is not None and drawn.logprobs is not None:
+                logprobs[kept_at] = drawn.logprobs[kept_from]
+        if out.top_counts is not None or (drawn is not None and drawn.top_counts is not None):
+            top_counts = np.zeros(len(tokens), np.int32)
+            pieces: list[tuple[np.ndarray, np.ndarray]] = [(np.zeros(0, np.int32), np.zeros(0, np.float32))] * len(tokens)
+            for source, where, which in ((out, rest_at, np.arange(len(rest_at))), (drawn, kept_at, kept_from)):
+                if source is None or source.top_counts is None:
+                    continue
+                first = np.cumsum(source.top_counts) - source.top_counts
+                for token_at, j in zip(where.tolist(), which.tolist()):
+                    c, f = int(source.top_counts[j]), int(first[j])
+                    top_counts[token_at] = c
+                    pieces[token_at] = (source.top_ids[f : f + c], source.top_logprobs[f : f + c])
+            top_ids = np.concatenate([p[0] for p in pieces]).astype(np.int32)
+            top_logprobs = np.concatenate([p[1] for p in pieces]).astype(np.float32)
+        return SampleOutput(tokens, logprobs, top_counts, top_ids, top_logprobs), counts
 
     def _speculable(self, sampled: list[RequestState], mask_rows: np.ndarray) -> np.ndarray:
         """Which sampled rows get draft proposals: those _verifiable, without a grammar mask."""
@@ -744,9 +762,9 @@ class StepRunner:
 
     def _verifiable(self, state: RequestState) -> bool:
         """Rows whose drafts verification can decide from each position's logits alone: greedy or sampled
-        (temperature, top-k, top-p, min-p, seed), with no logprobs, penalties, logit edits or min_tokens."""
+        (temperature, top-k, top-p, min-p, seed; logprobs too), with no penalties, logit edits or min_tokens."""
         s = state.sampling
-        return (s.logprobs < 0 and not penalizes(s) and s.min_tokens == 0 and not len(s.suppress_token_ids)
+        return (not penalizes(s) and s.min_tokens == 0 and not len(s.suppress_token_ids)
                 and not len(s.allowed_token_ids) and not len(s.logit_bias_ids) and state.slot not in self.prompt_slots)
 
     def _propose(self, launched: LaunchedStep) -> tuple[np.ndarray | None, np.ndarray | None]:
