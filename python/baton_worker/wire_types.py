@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "SpecWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 14
+PROTOCOL_VERSION = 15
 
 
 @dataclass
@@ -48,7 +48,9 @@ class SamplingParams:
 class AddedRequest:
     """prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
 
-    embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model."""
+    embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
+
+    positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta)."""
 
     req_id: int
     token_ids: np.ndarray
@@ -57,6 +59,7 @@ class AddedRequest:
     prompt_logprobs: int = -1
     embeds: int = -1
     lora_id: int = 0
+    positions: int = -1
 
 
 @dataclass
@@ -373,6 +376,7 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("prompt_logprobs", "int", False, None),
         ("embeds", "int", False, None),
         ("lora_id", "int", False, None),
+        ("positions", "int", False, None),
     ),
     "StepTimings": (
         ("prepare_ms", "float", False, None),

@@ -51,6 +51,8 @@ class SimRequest:
     lora_id: int = 0  # AddedRequest.lora_id: the adapter its rows run with (0: the base model)
     proposal: list[int] = field(default_factory=list)  # the worker's drafts for the next step (speculative decoding)
     drafts: int = 0  # drafts the step in flight carries
+    embeds: int = -1  # AddedRequest.embeds: a handle in the runner's store (embeds_of)
+    positions: int = -1  # AddedRequest.positions: likewise
 
     @property
     def output(self) -> list[int]:
@@ -150,7 +152,7 @@ class EngineSim:
             if not r.added:
                 r.added = True
                 added.append(AddedRequest(r.req_id, np.array(r.tokens, np.int32), len(r.prompt), r.sampling, r.prompt_logprobs,
-                                          lora_id=r.lora_id))
+                                          embeds=r.embeds, lora_id=r.lora_id, positions=r.positions))
         counts, new_ids = [], []
         for r, count in rows:
             need = -(-(r.num_computed + count) // self.block_size) - len(r.blocks)

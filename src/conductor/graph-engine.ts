@@ -550,17 +550,26 @@ export class GraphEngine implements LaneListener {
       }
       for (const t of v.ids) ids.push(t);
     }
-    // A second input is the features replacing the prompt's image-token embeddings (a tensor on the node's worker).
-    let embedsHandle = -1;
-    for (const v of start.inputs[1] ?? []) {
-      if (v.kind !== "tensor" || v.worker !== this.coreLanes[node.id]!.rank) {
-        const what = v.kind === "tensor" ? `a tensor of worker ${v.worker}` : `a ${v.kind}`;
-        this.deferred.push(() => this.conductor.failRequest(req.id, `kv_cache node ${node.name} takes prompt embeddings as a tensor of its own worker, not ${what}`));
-        return;
+    // A second input is the features replacing the prompt's image-token embeddings, a third the prompt's
+    // multimodal rotary positions (tensors on the node's worker: AddedRequest.embeds / .positions).
+    const handles = [-1, -1];
+    for (const at of [1, 2]) {
+      for (const v of start.inputs[at] ?? []) {
+        if (v.kind !== "tensor" || v.worker !== this.coreLanes[node.id]!.rank) {
+          const what = v.kind === "tensor" ? `a tensor of worker ${v.worker}` : `a ${v.kind}`;
+          const input = at === 1 ? "prompt embeddings" : "prompt positions";
+          this.deferred.push(() => this.conductor.failRequest(req.id, `kv_cache node ${node.name} takes ${input} as a tensor of its own worker, not ${what}`));
+          return;
+        }
+        handles[at - 1] = v.handle;
       }
-      embedsHandle = v.handle;
     }
-    const base = embedsHandle < 0 ? req.engineRequest : { ...req.engineRequest, embedsHandle };
+    const [embedsHandle, positionsHandle] = handles as [number, number];
+    const base = embedsHandle < 0 && positionsHandle < 0 ? req.engineRequest : {
+      ...req.engineRequest,
+      ...(embedsHandle >= 0 ? { embedsHandle } : {}),
+      ...(positionsHandle >= 0 ? { positionsHandle } : {}),
+    };
     const config = this.configs[node.id]!;
     const cap = Math.min(base.stop.maxTokens, this.nodeTokenCap[node.id]!, Math.max(1, config.maxModelLen - ids.length));
     const engineRequest: EngineRequest =

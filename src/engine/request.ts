@@ -66,6 +66,8 @@ export class Request {
   readonly grammar: RequestGrammar | null;
   /** EngineRequest.embedsHandle, -1 when none. */
   readonly embeds: number;
+  /** EngineRequest.positionsHandle, -1 when none. */
+  readonly positions: number;
   /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
   readonly promptLogprobEntries: PromptTokenLogprob[] = [];
   readonly submittedMs: number;
@@ -109,6 +111,7 @@ export class Request {
     this.promptLogprobs = req.promptLogprobs ?? -1;
     this.media = req.media?.spans ?? [];
     this.embeds = req.embedsHandle ?? -1;
+    this.positions = req.positionsHandle ?? -1;
     this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();

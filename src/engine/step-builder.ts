@@ -83,5 +83,6 @@ function addedRequest(request: Request): AddedRequest {
     prompt_logprobs: request.needsPromptLogprobs ? request.promptLogprobs : -1,
     embeds: request.embeds,
     lora_id: request.loraId,
+    positions: request.positions,
   };
 }

@@ -58,6 +58,8 @@ export interface EngineRequest {
   media?: PromptMedia | null;
   /** The handle (in the kv_cache node's worker) of the image features that replace the image tokens' embeddings; set by the graph engine. */
   embedsHandle?: number;
+  /** A tensor in the worker's store with the prompt's multimodal rotary positions (AddedRequest.positions). */
+  positionsHandle?: number;
   /**
    * A pooling model's request (an embedding): prefill only, no token is
    * sampled; its one output carries the prompt's pooled vector. Set exactly

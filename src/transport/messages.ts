@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 14;
+export const PROTOCOL_VERSION = 15;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -34,6 +34,7 @@ export interface SamplingParams {
 /**
  * prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
  * embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
+ * positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta).
  */
 export interface AddedRequest {
   req_id: number;
@@ -43,6 +44,7 @@ export interface AddedRequest {
   prompt_logprobs: number;
   embeds: number;
   lora_id: number;
+  positions: number;
 }
 
 export interface StepTimings {
@@ -302,7 +304,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 14,
+  protocolVersion: 15,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -328,6 +330,7 @@ export const WIRE_TABLES: WireTables = {
       { name: "prompt_logprobs", type: { kind: "int", nullable: false, text: "int" } },
       { name: "embeds", type: { kind: "int", nullable: false, text: "int" } },
       { name: "lora_id", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "positions", type: { kind: "int", nullable: false, text: "int" } },
     ],
     StepTimings: [
       { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },

@@ -43,6 +43,8 @@ class RopeConfig:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int | None = None
     partial_rotary_factor: float = 1.0
+    # Multimodal rotary (Qwen2-VL family): the rotary half-dimensions taken from the (t, h, w) position streams, in turn.
+    mrope_section: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -87,6 +89,8 @@ def _rope_config(raw: dict) -> RopeConfig:
         params = dict(raw.get("rope_scaling") or {})
         params.setdefault("rope_theta", raw.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "mrope":  # older Qwen2-VL files: the default frequencies, split by mrope_section
+        rope_type = "default"
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
     return RopeConfig(
@@ -97,6 +101,7 @@ def _rope_config(raw: dict) -> RopeConfig:
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=params.get("original_max_position_embeddings"),
         partial_rotary_factor=float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))),
+        mrope_section=tuple(int(s) for s in params["mrope_section"]) if params.get("mrope_section") else None,
     )
 
 
@@ -132,6 +137,7 @@ TEXT_MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2_5_vl_text": "Qwen2ForCausalLM",  # Qwen2.5-VL's language model: Qwen2 with multimodal rotary positions
 }
 
 

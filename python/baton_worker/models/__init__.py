@@ -24,6 +24,8 @@ GRAPH_ARCHITECTURES: dict[str, str] = {
     DEMO_IMAGE: "baton_worker.models.demo_image.graph_model:BatonDemoImage",
     # A Hugging Face LLaVA directory: the vision node feeding the LLM's prefill.
     "LlavaForConditionalGeneration": "baton_worker.models.llava.graph_model:LlavaGraphModel",
+    # Qwen2.5-VL: the windowed ViT feeding a text model with multimodal rotary positions.
+    "Qwen2_5_VLForConditionalGeneration": "baton_worker.models.qwen2_5_vl.graph_model:Qwen25VLGraphModel",
 }
 
 

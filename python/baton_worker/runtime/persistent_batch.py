@@ -28,6 +28,7 @@ class StepInputs:
     input_ids_host: np.ndarray  # [T] (the dummy-null format samples from it); -1 where a token is not on the host yet
     logits_indices_host: np.ndarray  # [S]
     token_slots_host: np.ndarray  # [T] the slot (request) of each token
+    positions_host: np.ndarray  # [T] int64: each token's position in its request
 
 
 def _grown(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -168,7 +169,7 @@ class PersistentBatch:
             flat, table = self._to_device(host, rows, pages)
         t, s = num_tokens, len(logits_indices)
         meta = AttentionMetadata(flat[2 * t : 3 * t], meta_start, seq_lens, table, bs)
-        return StepInputs(flat[:t], flat[t : 2 * t], flat[3 * t : 3 * t + s], meta, input_ids, logits_indices, token_slot)
+        return StepInputs(flat[:t], flat[t : 2 * t], flat[3 * t : 3 * t + s], meta, input_ids, logits_indices, token_slot, positions)
 
     def _to_device(self, host: np.ndarray, rows: np.ndarray, pages: int) -> tuple[torch.Tensor, torch.Tensor]:
         patch = np.concatenate(self.pending, axis=1).ravel() if self.pending and self.device_table is not None else np.zeros(0, np.int64)

@@ -211,6 +211,9 @@ class StepRunner:
         self.embeds_token_id: int | None = None
         self.embeds_of: Callable[[int], torch.Tensor] | None = None
         self.embeds: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
+        # Per slot, a multimodal-rotary request's prompt positions [3, prompt] and the offset of every later
+        # position (AddedRequest.positions).
+        self.mrope: dict[int, tuple[np.ndarray, int]] = {}
         # A pooling model's pooler (None: the model generates).
         self.pooler: ChunkPooler | None = None
         # LoRA adapters (None: --max-loras 0), the live requests per adapter id, and each slot's adapter (0: base model).
@@ -256,6 +259,9 @@ class StepRunner:
         if drafts is not None:
             self.batch.write_drafts(slots, drafts, step.spec.draft_ids)
         inputs = self.batch.inputs(slots, start, num_new, sample)
+        streams = False
+        if self.mrope:
+            inputs, streams = self._rotary_positions(inputs)
         lora = self._lora_batch(slots, inputs) if self.lora_users else None
         if self.pooler is not None:
             return Finished(self._pool(step, inputs, slots, start, num_new, sample, t0))
@@ -279,7 +285,7 @@ class StepRunner:
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
-            graphed = self.graphs is not None and replace is None and prompt is None and lora is None
+            graphed = self.graphs is not None and replace is None and prompt is None and lora is None and not streams
             if graphed and spec is None:
                 logits = self.graphs.run(inputs)
                 graphed = logits is not None
@@ -441,6 +447,7 @@ class StepRunner:
                     self.proposer.release(state.slot)
                 self.penalized.discard(req_id)
                 self.embeds.pop(state.slot, None)
+                self.mrope.pop(state.slot, None)
                 if state.lora_id:
                     self._lora_user(state.lora_id, -1)
                     self.slot_lora[state.slot] = 0
@@ -463,11 +470,14 @@ class StepRunner:
                 j = int(bad[0])
                 raise ProtocolError(f"{where}.token_ids[{j}]", f"{int(tokens[j])} is outside the vocabulary [0, {self.vocab_size})")
             replaced = self._added_embeds(where, added) if added.embeds >= 0 else None
+            rope = self._added_positions(where, added) if added.positions >= 0 else None
             if added.lora_id != 0:
                 self._check_lora_id(where, added.lora_id)
             slot = self.batch.add(tokens)
             if replaced is not None:
                 self.embeds[slot] = replaced
+            if rope is not None:
+                self.mrope[slot] = rope
             state = RequestState(
                 req_id=added.req_id,
                 token_ids=tokens.tolist(),
@@ -796,6 +806,49 @@ class StepRunner:
                 f"{where}.embeds", f"tensor of shape {tuple(rows.shape)} for {len(positions)} positions of token {self.embeds_token_id}"
             )
         return positions, rows
+
+    def _added_positions(self, where: str, added) -> tuple[np.ndarray, int]:
+        """A multimodal-rotary prompt's positions [3, num_prompt_tokens] and its later tokens' offset."""
+        rotary = getattr(self.model, "rotary", None)
+        if self.embeds_of is None or rotary is None or rotary.mrope_section is None:
+            raise ProtocolError(f"{where}.positions", "this worker's model takes no multimodal rotary positions")
+        try:
+            positions = self.embeds_of(added.positions)
+        except KeyError:
+            raise ProtocolError(f"{where}.positions", f"tensor handle {added.positions} is not in this worker's store") from None
+        n = added.num_prompt_tokens
+        if positions.dim() != 2 or tuple(positions.shape) != (3, n) or positions.dtype != torch.int64:
+            raise ProtocolError(f"{where}.positions", f"an int64 tensor [3, {n}] was expected, got {positions.dtype} {tuple(positions.shape)}")
+        host = positions.cpu().numpy()
+        return host, int(host.max(initial=-1)) + 1 - n
+
+    def _rotary_positions(self, inputs: StepInputs) -> tuple[StepInputs, bool]:
+        """The step's inputs with each multimodal-rotary token's positions: a prompt token's own (t, h, w),
+        a later token's index plus its request's offset. True when some token needs all three streams
+        (a prompt chunk holding an image): then positions are [3, T] and the step runs eagerly."""
+        owner = inputs.token_slots_host
+        if not np.isin(owner, np.fromiter(self.mrope, np.int64, len(self.mrope))).any():
+            return inputs, False
+        flat = inputs.positions_host.copy()
+        prompt_tokens = []  # (token indices, their prompt positions [3, n]) of prompt tokens in the step
+        for slot in np.unique(owner).tolist():
+            rope = self.mrope.get(slot)
+            if rope is None:
+                continue
+            prompt, offset = rope
+            at = np.flatnonzero(owner == slot)
+            p = flat[at]
+            inside = p < prompt.shape[1]
+            if inside.any():
+                prompt_tokens.append((at[inside], prompt[:, p[inside]]))
+            flat[at[~inside]] = p[~inside] + offset
+        device = inputs.positions.device
+        if prompt_tokens:
+            streams = np.broadcast_to(flat, (3, len(flat))).copy()
+            for at, positions in prompt_tokens:
+                streams[:, at] = positions
+            return dataclasses.replace(inputs, positions=torch.from_numpy(streams).to(device)), True
+        return dataclasses.replace(inputs, positions=torch.from_numpy(flat).to(device)), False
 
     def _replaced_rows(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(indices into the step's flattened tokens, rows) for the replaced
