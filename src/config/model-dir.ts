@@ -19,8 +19,18 @@ export interface VisionPrompt {
   /** The placeholder text an image part becomes before tokenization. */
   imageToken: string;
   imageTokenId: number;
-  /** Tokens each image expands to (transformers' LlavaProcessor count). */
-  tokensPerImage: number;
+  /** Tokens each image expands to (transformers' LlavaProcessor count); null where it depends on the image's size (resize). */
+  tokensPerImage: number | null;
+  /** The Qwen2-VL family: an image's tokens follow from the size the processor resizes it to; null otherwise. */
+  resize?: ImageResize | null;
+}
+
+/** Qwen2VLImageProcessor's resize (preprocessor_config.json): sides made multiples of patch * merge within the pixel bounds. */
+export interface ImageResize {
+  patch: number;
+  merge: number;
+  minPixels: number;
+  maxPixels: number;
 }
 
 export interface ModelDirInfo {
@@ -212,7 +222,8 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     tokenizerPath,
     tokenizer: readTokenizerSettings(dir),
     imageGeneration: readImageGeneration(config.image_generation, configPath),
-    vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config) : null,
+    vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config)
+      : architectures[0] === "Qwen2_5_VLForConditionalGeneration" ? readQwenVlPrompt(dir, config) : null,
   };
 }
 
@@ -242,6 +253,30 @@ function readImageGeneration(raw: Json | undefined, configPath: string): ImageGe
   };
   if (spec.defaultInferenceSteps > spec.maxInferenceSteps) throw new ModelDirError(`${where}.default_inference_steps must not exceed max_inference_steps`);
   return spec;
+}
+
+/**
+ * Qwen2.5-VL: the image placeholder is <|image_pad|> (its chat template renders an image part as
+ * <|vision_start|><|image_pad|><|vision_end|>), expanded by the image's resized size as
+ * Qwen2VLImageProcessor resizes it (top-level min_pixels / max_pixels win over size, as there).
+ */
+function readQwenVlPrompt(dir: string, config: JsonObject): VisionPrompt {
+  const path = join(dir, "preprocessor_config.json");
+  const pre = readJsonObject(path, true);
+  const size = isObject(pre.size) ? pre.size : {};
+  const int = (value: Json | undefined, what: string, fallback: number): number => {
+    const v = optionalInt(value, `${path} ${what}`) ?? fallback;
+    if (v < 1) throw new ModelDirError(`${path} ${what} must be positive`);
+    return v;
+  };
+  const resize: ImageResize = {
+    patch: int(pre.patch_size, "patch_size", 14),
+    merge: int(pre.merge_size, "merge_size", 2),
+    minPixels: int(pre.min_pixels ?? size.shortest_edge, "min_pixels", 56 * 56),
+    maxPixels: int(pre.max_pixels ?? size.longest_edge, "max_pixels", 28 * 28 * 1280),
+  };
+  const imageTokenId = optionalInt(config.image_token_id, "config.json image_token_id") ?? 151655;
+  return { imageToken: "<|image_pad|>", imageTokenId, tokensPerImage: null, resize };
 }
 
 function sizeOf(value: Json | undefined, what: string): { height: number; width: number } | null {

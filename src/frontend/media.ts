@@ -9,7 +9,8 @@ import { readFile, realpath, stat } from "node:fs/promises";
 import { sep } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { MediaSpan, PromptMedia } from "../engine/types.js";
-import type { VisionPrompt } from "../config/model-dir.js";
+import { imageSize } from "image-size";
+import type { ImageResize, VisionPrompt } from "../config/model-dir.js";
 import type { ImagePart } from "../text/chat-template.js";
 import { ApiError, badRequest } from "./openai-error.js";
 
@@ -111,6 +112,45 @@ export async function loadImages(parts: readonly ImagePart[], options: MediaOpti
   );
 }
 
+/** Python's round(): halves to even (smart_resize's rounding). */
+function roundHalfEven(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/**
+ * The tokens an image takes in the Qwen2-VL family: its size as Qwen2VLImageProcessor's
+ * smart_resize makes it (sides rounded to multiples of patch * merge, scaled into
+ * [minPixels, maxPixels]), one token per merged patch. 400 for an image whose size
+ * cannot be read or whose aspect ratio is over 200.
+ */
+export function resizedImageTokens(image: Uint8Array, resize: ImageResize, param: string): number {
+  let width: number;
+  let height: number;
+  try {
+    ({ width, height } = imageSize(image));
+  } catch {
+    throw badRequest(`${param}: the image's size cannot be read (not a PNG, JPEG, WebP, GIF or BMP image)`, param);
+  }
+  if (!(width > 0 && height > 0)) throw badRequest(`${param}: the image's size cannot be read`, param);
+  if (Math.max(width, height) / Math.min(width, height) > 200) {
+    throw badRequest(`${param}: an aspect ratio of ${width}x${height} is over 200, which this model's processor refuses`, param);
+  }
+  const factor = resize.patch * resize.merge;
+  let h = roundHalfEven(height / factor) * factor;
+  let w = roundHalfEven(width / factor) * factor;
+  if (h * w > resize.maxPixels) {
+    const beta = Math.sqrt((height * width) / resize.maxPixels);
+    h = Math.max(factor, Math.floor(height / beta / factor) * factor);
+    w = Math.max(factor, Math.floor(width / beta / factor) * factor);
+  } else if (h * w < resize.minPixels) {
+    const beta = Math.sqrt(resize.minPixels / (height * width));
+    h = Math.ceil((height * beta) / factor) * factor;
+    w = Math.ceil((width * beta) / factor) * factor;
+  }
+  return (h / factor) * (w / factor);
+}
+
 /** 53-bit hash of an image's bytes (the prefix cache's key for its tokens). */
 function imageHash(bytes: Uint8Array): number {
   const digest = createHash("sha256").update(bytes).digest();
@@ -131,8 +171,9 @@ export function expandImageTokens(promptIds: readonly number[], vision: VisionPr
     }
     const image = images[spans.length];
     if (image === undefined) break;
-    spans.push({ offset: ids.length, length: vision.tokensPerImage, hash: imageHash(image) });
-    for (let i = 0; i < vision.tokensPerImage; i++) ids.push(id);
+    const length = vision.tokensPerImage ?? resizedImageTokens(image, vision.resize!, parts[spans.length]?.param ?? "messages");
+    spans.push({ offset: ids.length, length, hash: imageHash(image) });
+    for (let i = 0; i < length; i++) ids.push(id);
   }
   const placeholders = promptIds.filter((id) => id === vision.imageTokenId).length;
   if (placeholders !== images.length) {
