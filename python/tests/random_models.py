@@ -34,11 +34,13 @@ import sys
 import zlib
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from baton_worker.model.random_weights import randomize  # noqa: E402
+
 QWEN3_EOS = [151645, 151643]
 QWEN3_BOS = 151643
 TOKENIZER_VOCAB = 151936
 SMALL_VOCAB = 512
-PROJECTION_GAIN = 3.0
 ARCHES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
 
 # (hidden, heads, kv_heads, layers, tied) per variant; head_dim = hidden / heads
@@ -91,26 +93,6 @@ def _config(arch: str, variant: int, vocab: int, dtype: str):
     if arch == "qwen3":
         return transformers.Qwen3Config(rope_parameters=rope, head_dim=16 if hidden != 64 else 24, **common)
     raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
-
-
-def randomize(model, seed: int) -> None:
-    """Re-draws every weight so that greedy decoding produces varied tokens."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                noise = torch.randn(param.shape, generator=generator) * 0.1
-                param.copy_(1.0 + noise)
-            elif "embed_tokens" in name or name == "lm_head.weight":
-                param.copy_(torch.randn(param.shape, generator=generator))
-            elif name.endswith("bias"):
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-            else:
-                # Gain 3 per layer (std 3/sqrt(fan_in)): layers transform the
-                # residual stream strongly, so logits depend on the whole context.
-                param.copy_(torch.randn(param.shape, generator=generator) * PROJECTION_GAIN / param.shape[1] ** 0.5)
 
 
 def make_model_dir(

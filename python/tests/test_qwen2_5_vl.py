@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine_sim import EngineSim, SimRequest
-from random_qwen2_5_vl import IMAGE_TOKEN_ID, VISION_END_ID, VISION_START_ID, make_qwen2_5_vl_dir
+from baton_worker.models.qwen2_5_vl.build import IMAGE_TOKEN_ID, VISION_END_ID, VISION_START_ID, make_qwen2_5_vl_dir
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from random_qwen2_5_vl import make_qwen2_5_vl_dir
+from baton_worker.models.qwen2_5_vl.build import make_qwen2_5_vl_dir
 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402

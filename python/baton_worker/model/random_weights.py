@@ -81,3 +81,26 @@ def build_cli(prog: str, description: str, build: Callable[[Path], Path], argv: 
     build(args.out)
     print(json.dumps({"model_dir": str(args.out)}))
     return 0
+
+
+# Gain 3 per layer (std 3/sqrt(fan_in)): layers transform the residual stream
+# strongly, so logits depend on the whole context.
+PROJECTION_GAIN = 3.0
+
+
+def randomize(model: torch.nn.Module, seed: int) -> None:
+    """Re-draws every weight of a transformers decoder in place so that greedy
+    decoding produces varied tokens (the random-weight test and demo directories
+    built with transformers' own classes): norms near 1, embeddings and heads
+    standard normal, biases small, projections PROJECTION_GAIN / sqrt(fan_in)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
+            elif "embed_tokens" in name or name == "lm_head.weight":
+                param.copy_(torch.randn(param.shape, generator=generator))
+            elif name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * PROJECTION_GAIN / param.shape[1] ** 0.5)

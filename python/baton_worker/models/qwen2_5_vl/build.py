@@ -1,7 +1,9 @@
-"""Random-weight Qwen2.5-VL directories (Qwen2_5_VLForConditionalGeneration) for tests.
+"""Random-weight Qwen2.5-VL directories (Qwen2_5_VLForConditionalGeneration),
+built with transformers' own classes: the tests' model and the demo that setup
+builds into models/demo-qwen-vl.
 
 Library:  make_qwen2_5_vl_dir(out, tokenizer_dir=None, seed=0) -> Path
-CLI:      python python/tests/random_qwen2_5_vl.py --out DIR [--tokenizer-dir DIR] [--seed N]
+CLI:      python -m baton_worker.models.qwen2_5_vl.build --out DIR [--tokenizer-dir DIR] [--seed N]
 
 A tiny vision tower (4 blocks of width 64, blocks 1 and 3 with full attention,
 the others windowed; window_size 56 = 2x2 merged tokens, so any image larger
@@ -16,7 +18,7 @@ with Qwen2-VL's chat template (an image part becomes
 <|vision_start|><|image_pad|><|vision_end|>, which the server expands to the
 image's token count).
 
-Text weights follow random_models.py's scheme (peaked, context-dependent
+Text weights follow random_weights.randomize (peaked, context-dependent
 logits). Vision weights are drawn with std 1/sqrt(fan_in), norms 1 +- 0.1 and
 biases 0.1: activations stay O(1) through the blocks and attention scores are
 far from uniform, so a wrong window split or rotary position changes the output.
@@ -32,8 +34,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from random_models import randomize  # noqa: E402
+from ...model.random_weights import randomize
 
 VOCAB = 151936
 VISION_START_ID = 151652
