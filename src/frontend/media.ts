@@ -124,7 +124,7 @@ function roundHalfEven(x: number): number {
  * [minPixels, maxPixels]), one token per merged patch. 400 for an image whose size
  * cannot be read or whose aspect ratio is over 200.
  */
-export function resizedImageTokens(image: Uint8Array, resize: ImageResize, param: string): number {
+function resizedImageTokens(image: Uint8Array, resize: ImageResize, param: string): number {
   let width: number;
   let height: number;
   try {
