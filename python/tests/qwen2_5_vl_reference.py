@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import base64
 import io
-import json
 import sys
 from pathlib import Path
+
+import reference_io
 
 IMAGE_PAD = "<|image_pad|>"
 
@@ -51,12 +52,5 @@ def reference(model_dir: str, cases: list[dict], max_new_tokens: int) -> list[di
     return results
 
 
-def main() -> int:
-    request = json.load(sys.stdin)
-    results = reference(request["model_dir"], request["cases"], request["max_new_tokens"])
-    json.dump({"results": results}, sys.stdout)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(reference_io.main(reference))

@@ -20,7 +20,7 @@ from baton_worker.models.qwen2_5_vl.build import IMAGE_TOKEN_ID, VISION_END_ID, 
 transformers = pytest.importorskip("transformers")
 from PIL import Image  # noqa: E402
 
-from baton_worker.models.llava.preprocess import MediaError  # noqa: E402
+from baton_worker.models.vision_language import MediaError  # noqa: E402
 from baton_worker.models.qwen2_5_vl.graph_model import IMAGE_GRID, PIXEL_VALUES, POSITIONS, Qwen25VLGraphModel, rope_positions  # noqa: E402
 from baton_worker.protocol import ProtocolError, SamplingParams  # noqa: E402
 from baton_worker.runtime.loading import load_worker  # noqa: E402
@@ -121,7 +121,7 @@ def _grid(model: Qwen25VLGraphModel, width: int, height: int) -> tuple[int, int]
 def test_prompt_and_positions_are_checked(model_dir):
     model = Qwen25VLGraphModel(model_dir)
     ids = _prompt(model, [(56, 56)], [[1], [2]])
-    with pytest.raises(MediaError, match="image 0: not an image this server can decode"):
+    with pytest.raises(MediaError, match="image 0: cannot decode the image"):
         model.process_prompt(None, [], [], token_ids=ids, images=[b"not a png"])
     with pytest.raises(MediaError, match="1 images but 0 image-token runs"):
         model.process_prompt(None, [], [], token_ids=[1, 2, 3], images=[_png(56, 56, 0)])

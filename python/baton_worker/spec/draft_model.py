@@ -21,20 +21,12 @@ drafts (the target decodes it as usual).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from ..attention import AttentionBackend, AttentionMetadata
 from ..model.decoder import DecoderModel
 from ..sampling.sampler import first_argmax
-
-
-@dataclass
-class _Rows:
-    slots: list[int]
-    tokens: list[np.ndarray]  # each row's known tokens
 
 
 class DraftModelProposer:

@@ -21,17 +21,15 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ...graph.authoring import EMIT_TO_CLIENT, EMPTY_DESTINATION, EngineType, GraphEdge, GraphNode, GraphSection, Loop
-from ...graph.model import DEFAULT_PARTITION, GraphModel, KvDecoderLayout, PartitionTransitions, WalkInput, WalkStep
+from ...graph.model import KvDecoderLayout
 from ...model.config import ConfigError
 from ...model.weights import WeightReader, weight_files
 from .preprocess import ImageProcessing, MediaError
-from .vision import IMAGE_EMBEDS, PIXEL_VALUES, LlavaVision
+from .vision import PIXEL_VALUES, LlavaVision
+
+from ..vision_language import TEXT_INPUTS, VisionLanguageGraph, prompt_images
 
 ARCHITECTURE = "LlavaForConditionalGeneration"
-VISION, LLM = "vision", "llm"
-TEXT_INPUTS, NEW_TOKEN = "text_inputs", "new_token"
-ENCODE, PREFILL, DECODE, DECODE_LOOP = "encode", "prefill", "decode", "decode_loop"
 
 
 def _prefixes(names: set[str]) -> tuple[str, str, str, str]:
@@ -51,7 +49,9 @@ def _prefixes(names: set[str]) -> tuple[str, str, str, str]:
     return body, head, vision, projector
 
 
-class LlavaGraphModel(GraphModel):
+class LlavaGraphModel(VisionLanguageGraph):
+    vision_inputs = (PIXEL_VALUES,)
+
     def __init__(self, model_dir: str | Path) -> None:
         self.model_dir = Path(model_dir)
         self.config = json.loads((self.model_dir / "config.json").read_text())
@@ -67,51 +67,7 @@ class LlavaGraphModel(GraphModel):
         self.processing = ImageProcessing.from_dir(self.model_dir, int(self.vision_config.get("image_size", 336)))
         self.body, self.head, self.vision_prefix, self.projector_prefix = _prefixes(set(weight_files(self.model_dir)))
 
-    # ---- the graph ---------------------------------------------------------------
-
-    def get_node_engine_types(self) -> dict[str, EngineType]:
-        return {VISION: EngineType.STATELESS, LLM: EngineType.KV_CACHE}
-
-    def get_graph_walk_graphs(self) -> dict[str, GraphSection]:
-        encode = GraphNode(VISION, [PIXEL_VALUES], [GraphEdge(EMPTY_DESTINATION, IMAGE_EMBEDS, persist=True)])
-        prefill = GraphNode(
-            LLM,
-            [TEXT_INPUTS, IMAGE_EMBEDS],
-            [
-                GraphEdge(EMPTY_DESTINATION, NEW_TOKEN, persist=True, conductor_new_token=True),
-                GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text"),
-            ],
-        )
-        decode = Loop(
-            GraphNode(LLM, [TEXT_INPUTS], [GraphEdge(LLM, TEXT_INPUTS), GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text")]),
-            max_iters=self.max_model_len,
-            name=DECODE_LOOP,
-        )
-        return {ENCODE: encode, PREFILL: prefill, DECODE: decode}
-
-    def get_partitions(self) -> dict[str, set[str]]:
-        return {DEFAULT_PARTITION: {ENCODE, PREFILL, DECODE}}
-
-    def get_walk_transitions(self) -> dict[str, PartitionTransitions]:
-        return {
-            DEFAULT_PARTITION: PartitionTransitions(
-                start=WalkStep(ENCODE, [WalkInput(VISION, PIXEL_VALUES, "prompt", PIXEL_VALUES)]),
-                after={
-                    # image_embeds stays held until the request ends: a preempted request recomputes its prompt.
-                    ENCODE: WalkStep(
-                        PREFILL,
-                        [WalkInput(LLM, TEXT_INPUTS, "prompt", TEXT_INPUTS), WalkInput(LLM, IMAGE_EMBEDS, "persist", IMAGE_EMBEDS)],
-                    ),
-                    PREFILL: WalkStep(DECODE, [WalkInput(LLM, TEXT_INPUTS, "persist", NEW_TOKEN)], release=[NEW_TOKEN]),
-                    DECODE: WalkStep(""),
-                },
-            )
-        }
-
     # ---- the nodes -----------------------------------------------------------------
-
-    def get_kv_model_dir(self, node_name: str) -> Path:
-        return self.model_dir
 
     def get_kv_decoder_layout(self, node_name: str) -> KvDecoderLayout:
         body, head = self.body, self.head
@@ -125,14 +81,8 @@ class LlavaGraphModel(GraphModel):
 
         return KvDecoderLayout("text_config", rename, self.image_token_id)
 
-    def get_submodule(self, node_name: str, device: str | torch.device = "cpu") -> torch.nn.Module | None:
-        if node_name == LLM:
-            return None
-        if node_name != VISION:
-            raise KeyError(f"LLaVA has no node {node_name!r}")
-        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-        reader = WeightReader(self.model_dir, dtype, torch.device(device))
-        vision = LlavaVision(
+    def vision_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
+        return LlavaVision(
             reader,
             self.vision_prefix,
             self.projector_prefix,
@@ -142,8 +92,6 @@ class LlavaGraphModel(GraphModel):
             self.config.get("projector_hidden_act", "gelu"),
             dtype,
         )
-        reader.close()
-        return vision
 
     def tokens_per_image(self) -> int:
         """Features the vision node gives one image: patches of the cropped image, plus CLS with "full"."""
@@ -161,9 +109,7 @@ class LlavaGraphModel(GraphModel):
         tensors: Any = None,
         **kwargs: Any,
     ) -> dict[str, list[torch.Tensor]]:
-        ids = np.asarray(kwargs.get("token_ids", []), np.int64)
-        images = list(kwargs.get("images", []))
-        params = list(kwargs.get("image_params", [])) or [f"image {i}" for i in range(len(images))]
+        ids, images, params = prompt_images(kwargs)
         counts = list(kwargs.get("image_token_counts", []))
         if len(counts) != len(images) or len(params) != len(images):
             raise ValueError(f"{len(images)} images with {len(counts)} token counts and {len(params)} names")

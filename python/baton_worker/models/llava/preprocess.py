@@ -8,22 +8,14 @@ A bad image raises MediaError naming the request's part ("messages[0].content[1]
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-# The formats a data: URL may carry (image/png, image/jpeg, image/webp).
-FORMATS = ("PNG", "JPEG", "WEBP")
-# Decompression-bomb guard: PIL warns past ~89M pixels by default; refuse instead.
-MAX_PIXELS = 64 * 1024 * 1024
-
-
-class MediaError(ValueError):
-    """One image of a request cannot be used; the message names its part."""
+from ..vision_language import MediaError, decode_image
 
 
 @dataclass(frozen=True)
@@ -65,23 +57,7 @@ class ImageProcessing:
         )
 
     def decode(self, data: bytes, param: str) -> Image.Image:
-        """The image in `data`, fully decoded (a truncated file fails here, not later)."""
-        if len(data) == 0:
-            raise MediaError(f"{param}: the image is empty (0 bytes)")
-        try:
-            image = Image.open(io.BytesIO(data))
-            if image.format not in FORMATS:
-                raise MediaError(f"{param}: unsupported image format {image.format}; supported: PNG, JPEG, WebP")
-            if image.width * image.height > MAX_PIXELS:
-                raise MediaError(f"{param}: the image is too large ({image.width}x{image.height} pixels)")
-            image.load()
-        except MediaError:
-            raise
-        except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-            raise MediaError(f"{param}: cannot decode the image: {e}") from None
-        if image.width == 0 or image.height == 0:
-            raise MediaError(f"{param}: the image has no pixels ({image.width}x{image.height})")
-        return image
+        return decode_image(data, param)
 
     def pixel_values(self, image: Image.Image) -> np.ndarray:
         """float32 [3, height, width], as transformers' CLIP image processor (PIL backend) computes it."""

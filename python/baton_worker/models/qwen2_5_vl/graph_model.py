@@ -18,7 +18,6 @@ prompt's rotary positions as transformers' get_rope_index does for images
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,20 +25,17 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ...graph.authoring import EMIT_TO_CLIENT, EMPTY_DESTINATION, EngineType, GraphEdge, GraphNode, GraphSection, Loop
-from ...graph.model import DEFAULT_PARTITION, GraphModel, KvDecoderLayout, PartitionTransitions, WalkInput, WalkStep
+from ...graph.model import KvDecoderLayout
 from ...graph.node_runner import NodeSubmodule, PassInfo
 from ...model.config import ConfigError
 from ...model.weights import WeightReader, weight_files
-from ..llava.preprocess import MediaError
 from .preprocess import image_token_count, preprocess_images, read_preprocessor_config
 from .vision import Qwen25VisionTower
 
+from ..vision_language import IMAGE_EMBEDS, TEXT_INPUTS, MediaError, VisionLanguageGraph, decode_image, prompt_images
+
 ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
-VISION, LLM = "vision", "llm"
-TEXT_INPUTS, NEW_TOKEN = "text_inputs", "new_token"
-PIXEL_VALUES, IMAGE_GRID, IMAGE_EMBEDS, POSITIONS = "pixel_values", "image_grid_thw", "image_embeds", "positions"
-ENCODE, PREFILL, DECODE, DECODE_LOOP = "encode", "prefill", "decode", "decode_loop"
+PIXEL_VALUES, IMAGE_GRID, POSITIONS = "pixel_values", "image_grid_thw", "positions"
 
 
 def rope_positions(ids: np.ndarray, grids: np.ndarray, image_token_id: int, merge: int) -> np.ndarray:
@@ -105,7 +101,10 @@ class QwenVision(NodeSubmodule):
         return out
 
 
-class Qwen25VLGraphModel(GraphModel):
+class Qwen25VLGraphModel(VisionLanguageGraph):
+    vision_inputs = (PIXEL_VALUES, IMAGE_GRID)
+    prefill_prompt_inputs = (POSITIONS,)
+
     def __init__(self, model_dir: str | Path) -> None:
         self.model_dir = Path(model_dir)
         self.config = json.loads((self.model_dir / "config.json").read_text())
@@ -122,55 +121,7 @@ class Qwen25VLGraphModel(GraphModel):
         # transformers 5 saves the text model as the plain decoder's names (model.*, lm_head.*); older files nest it.
         self.body = next((p for p in ("model.", "model.language_model.") if p + "embed_tokens.weight" in names), "model.")
 
-    # ---- the graph ---------------------------------------------------------------
-
-    def get_node_engine_types(self) -> dict[str, EngineType]:
-        return {VISION: EngineType.STATELESS, LLM: EngineType.KV_CACHE}
-
-    def get_graph_walk_graphs(self) -> dict[str, GraphSection]:
-        encode = GraphNode(VISION, [PIXEL_VALUES, IMAGE_GRID], [GraphEdge(EMPTY_DESTINATION, IMAGE_EMBEDS, persist=True)])
-        prefill = GraphNode(
-            LLM,
-            [TEXT_INPUTS, IMAGE_EMBEDS, POSITIONS],
-            [
-                GraphEdge(EMPTY_DESTINATION, NEW_TOKEN, persist=True, conductor_new_token=True),
-                GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text"),
-            ],
-        )
-        decode = Loop(
-            GraphNode(LLM, [TEXT_INPUTS], [GraphEdge(LLM, TEXT_INPUTS), GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text")]),
-            max_iters=self.max_model_len,
-            name=DECODE_LOOP,
-        )
-        return {ENCODE: encode, PREFILL: prefill, DECODE: decode}
-
-    def get_partitions(self) -> dict[str, set[str]]:
-        return {DEFAULT_PARTITION: {ENCODE, PREFILL, DECODE}}
-
-    def get_walk_transitions(self) -> dict[str, PartitionTransitions]:
-        return {
-            DEFAULT_PARTITION: PartitionTransitions(
-                start=WalkStep(ENCODE, [WalkInput(VISION, PIXEL_VALUES, "prompt", PIXEL_VALUES), WalkInput(VISION, IMAGE_GRID, "prompt", IMAGE_GRID)]),
-                after={
-                    # image_embeds and the positions stay held until the request ends: a preempted request recomputes its prompt.
-                    ENCODE: WalkStep(
-                        PREFILL,
-                        [
-                            WalkInput(LLM, TEXT_INPUTS, "prompt", TEXT_INPUTS),
-                            WalkInput(LLM, IMAGE_EMBEDS, "persist", IMAGE_EMBEDS),
-                            WalkInput(LLM, POSITIONS, "prompt", POSITIONS),
-                        ],
-                    ),
-                    PREFILL: WalkStep(DECODE, [WalkInput(LLM, TEXT_INPUTS, "persist", NEW_TOKEN)], release=[NEW_TOKEN]),
-                    DECODE: WalkStep(""),
-                },
-            )
-        }
-
     # ---- the nodes -----------------------------------------------------------------
-
-    def get_kv_model_dir(self, node_name: str) -> Path:
-        return self.model_dir
 
     def get_kv_decoder_layout(self, node_name: str) -> KvDecoderLayout:
         body = self.body
@@ -180,16 +131,8 @@ class Qwen25VLGraphModel(GraphModel):
 
         return KvDecoderLayout("text_config", rename, self.image_token_id)
 
-    def get_submodule(self, node_name: str, device: str | torch.device = "cpu") -> torch.nn.Module | None:
-        if node_name == LLM:
-            return None
-        if node_name != VISION:
-            raise KeyError(f"Qwen2.5-VL has no node {node_name!r}")
-        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-        reader = WeightReader(self.model_dir, dtype, torch.device(device))
-        tower = Qwen25VisionTower(reader.get, self.vision_prefix, self.vision_config)
-        reader.close()
-        return QwenVision(tower, self.merge, dtype)
+    def vision_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
+        return QwenVision(Qwen25VisionTower(reader.get, self.vision_prefix, self.vision_config), self.merge, dtype)
 
     def tokens_for_image(self, width: int, height: int) -> int:
         """The <|image_pad|> tokens an image of this size becomes (after the processor's resize)."""
@@ -205,19 +148,8 @@ class Qwen25VLGraphModel(GraphModel):
         tensors: Any = None,
         **kwargs: Any,
     ) -> dict[str, list[torch.Tensor]]:
-        from PIL import Image, UnidentifiedImageError
-
-        ids = np.asarray(kwargs.get("token_ids", []), np.int64)
-        images = list(kwargs.get("images", []))
-        params = list(kwargs.get("image_params", [])) or [f"image {i}" for i in range(len(images))]
-        decoded = []
-        for data, param in zip(images, params):
-            try:
-                image = Image.open(io.BytesIO(bytes(data)))
-                image.load()
-            except (UnidentifiedImageError, OSError, ValueError) as error:
-                raise MediaError(f"{param}: not an image this server can decode ({error})") from None
-            decoded.append(image)
+        ids, images, params = prompt_images(kwargs)
+        decoded = [decode_image(data, param) for data, param in zip(images, params)]
         if decoded:
             try:
                 pixels, grids = preprocess_images(decoded, self.processing)
