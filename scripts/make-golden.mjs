@@ -22,7 +22,8 @@ const LLM_GRAPH = {
       "name": "llm",
       "engine": "kv_cache",
       "overlap": true,
-      "stop_token_ids": []
+      "stop_token_ids": [],
+      "kv_inputs": ["embeds", "positions"]
     }
   ],
   "sections": [
@@ -205,6 +206,8 @@ const vectors = {
           embeds: -1,
           lora_id: 0,
           positions: -1,
+          encoder_states: -1,
+          cross_block_ids: [],
         },
         {
           req_id: 11,
@@ -230,6 +233,8 @@ const vectors = {
           embeds: -1,
           lora_id: 0,
           positions: -1,
+          encoder_states: -1,
+          cross_block_ids: [],
         },
       ],
       removed: [3, 9],
@@ -281,6 +286,8 @@ const vectors = {
           embeds: -1,
           lora_id: 2,
           positions: -1,
+          encoder_states: -1,
+          cross_block_ids: [],
         },
       ],
       removed: [],
@@ -358,6 +365,8 @@ const vectors = {
           embeds: 7,
           lora_id: 0,
           positions: 5,
+          encoder_states: 9,
+          cross_block_ids: [3, 0, 2147483647],
         },
       ],
       removed: [],

@@ -170,6 +170,20 @@ function ensureDemoQwenVl(stamp) {
   return true;
 }
 
+// The demo speech-recognition model (`baton serve models/demo-whisper`): a random-weight
+// Whisper built with transformers' own classes and GPT-2's tokenizer with Whisper's tokens.
+function ensureDemoWhisper(stamp) {
+  const out = join(root, "models", "demo-whisper");
+  const key = hashFiles(["python/baton_worker/models/whisper/build.py"]);
+  if (stamp.demoWhisper === key && existsSync(join(out, "model.safetensors")) && existsSync(join(out, "tokenizer.json"))) return false;
+  const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-gpt2", "models");
+  run(pythonFor(), ["-m", "baton_worker.models.whisper.build", "--out", out, "--tokenizer-dir", tokenizerDir], {
+    env: { ...process.env, PYTHONPATH: join(root, "python") },
+  });
+  stamp.demoWhisper = key;
+  return true;
+}
+
 // Chromium for test/frontend/dashboard.test.ts (skipped without a browser).
 // Only as root with apt-get (CI on Debian); quiet, bounded in time, and never
 // a reason for setup to fail. Tried once per checkout by --if-needed runs;
@@ -198,7 +212,7 @@ function ensureBrowser(stamp) {
 
 function main() {
   const stamp = readStamp();
-  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureDemoImage, ensureDemoQwenVl, ensureBrowser];
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureDemoImage, ensureDemoQwenVl, ensureDemoWhisper, ensureBrowser];
   let changed = false;
   for (const step of steps) {
     changed = step(stamp) || changed;

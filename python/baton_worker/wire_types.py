@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "SpecWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 15
+PROTOCOL_VERSION = 16
 
 
 @dataclass
@@ -50,7 +50,9 @@ class AddedRequest:
 
     embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
 
-    positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta)."""
+    positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta).
+
+    encoder_states / cross_block_ids: an encoder-decoder model's request (Whisper): encoder_states is the handle of a tensor [L, hidden] in this worker's store (the encoder's output for the request) and cross_block_ids the blocks, disjoint from its block table, that hold its cross-attention K/V for positions 0..L-1 (block i: positions [i*block_size, (i+1)*block_size)). The worker computes that K/V when the request is added, before the step's forward pass, and every row of the request attends all L positions. -1 and empty for any other request; the engine allocates and frees those blocks with the request's own."""
 
     req_id: int
     token_ids: np.ndarray
@@ -60,6 +62,8 @@ class AddedRequest:
     embeds: int = -1
     lora_id: int = 0
     positions: int = -1
+    encoder_states: int = -1
+    cross_block_ids: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
 
 @dataclass
@@ -377,6 +381,8 @@ STRUCT_FIELDS: dict[str, tuple[FieldSpec, ...]] = {
         ("embeds", "int", False, None),
         ("lora_id", "int", False, None),
         ("positions", "int", False, None),
+        ("encoder_states", "int", False, None),
+        ("cross_block_ids", "i32[]", False, None),
     ),
     "StepTimings": (
         ("prepare_ms", "float", False, None),

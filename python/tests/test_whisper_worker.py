@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from speech_clips import SR, clip
 
 from baton_worker.models.whisper.build import make_whisper_dir
 
@@ -22,7 +23,6 @@ from baton_worker.model.weights import WeightReader  # noqa: E402
 from baton_worker.models.whisper.encoder import ENCODER_PREFIX, WhisperEncoder  # noqa: E402
 from baton_worker.models.whisper.features import LogMel, mel_filters  # noqa: E402
 
-SR = 16000
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +34,6 @@ def model_dir(tmp_path_factory) -> Path:
 def model_dir_128(tmp_path_factory) -> Path:
     return make_whisper_dir(tmp_path_factory.mktemp("whisper128"), seed=1, num_mel_bins=128)
 
-
-def clip(seconds: float, seed: int) -> np.ndarray:
-    """Speech-like: a few chirping harmonics under noise, with a loudness envelope."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * SR)) / SR
-    f0 = 120.0 + 80.0 * rng.random() + 30.0 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / SR
-    voice = sum(np.sin(k * phase) / k for k in range(1, 8))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(1, 4) * t) ** 2
-    return (0.2 * voice * envelope + 0.02 * rng.standard_normal(t.shape)).astype(np.float32)
 
 
 CLIPS = {

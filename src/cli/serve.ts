@@ -302,6 +302,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
     vision: info.vision,
+    speech: info.speech,
     pooling: ready.pooling,
     media: options.media,
     responsesStore: options.responsesStore,

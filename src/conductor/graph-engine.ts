@@ -130,6 +130,8 @@ interface LiveRequest {
   kvStopped: boolean;
   /** Graph requests: the HTTP status of an error before any output (400: the request cannot run; 503: a worker died). */
   endStatus: 400 | 500 | 503;
+  /** Text: RequestOutput.promptInfo until its first output carries it. */
+  promptInfo: Record<string, number[]> | null;
 }
 
 const DEFAULT_STOP: StopConditions = { maxTokens: 1, eosTokenIds: [], stopTokenIds: [], ignoreEos: false, minTokens: 0 };
@@ -296,21 +298,24 @@ export class GraphEngine implements LaneListener {
     }
     const live = this.track(req.id, true, null, req, {});
     if (this.graph.promptNames.length !== 1) {
-      // A prompt of token ids and more (a vision-language model's images): the
-      // model's process_prompt turns the ids and the media into its prompt values.
+      // A prompt of token ids and more (a vision-language model's images, a
+      // transcription's audio): the model's process_prompt turns the ids and
+      // the media into its prompt values.
       const media = req.media ?? null;
+      const audio = media?.audio;
       this.start(live, () => {
         this.admitAfterPrompt.set(req.id, []);
         this.lanes[0]!.addPrompt({
           request_id: req.id,
           prompt: null,
-          input_modalities: media !== null && media.images.length > 0 ? ["text", "image"] : ["text"],
+          input_modalities: ["text", ...(media !== null && media.images.length > 0 ? ["image"] : []), ...(audio !== undefined ? ["audio"] : [])],
           output_modalities: ["text"],
           kwargs: {
             token_ids: req.promptIds,
             images: media?.images ?? [],
             image_params: media?.params ?? [],
             image_token_counts: media?.spans.map((s) => s.length) ?? [],
+            ...(audio !== undefined ? { audio: audio.data, audio_param: audio.param, audio_offset: audio.offset } : {}),
           },
           publish: this.publish.prompts,
         });
@@ -441,6 +446,7 @@ export class GraphEngine implements LaneListener {
       endError: null,
       kvStopped: false,
       endStatus: 500,
+      promptInfo: null,
     };
     this.live.set(id, live);
     return live;
@@ -550,26 +556,24 @@ export class GraphEngine implements LaneListener {
       }
       for (const t of v.ids) ids.push(t);
     }
-    // A second input is the features replacing the prompt's image-token embeddings, a third the prompt's
-    // multimodal rotary positions (tensors on the node's worker: AddedRequest.embeds / .positions).
-    const handles = [-1, -1];
-    for (const at of [1, 2]) {
+    // The inputs after the token ids are tensors on the node's worker, each in the role the model declares
+    // (kv_inputs): image features replacing the image tokens' embeddings, multimodal rotary positions, or
+    // the encoder output the decoder cross-attends (AddedRequest.embeds / .positions / .encoder_states).
+    let base = req.engineRequest;
+    for (let at = 1; at < start.inputs.length; at++) {
+      const role = node.kvInputs[at - 1];
       for (const v of start.inputs[at] ?? []) {
-        if (v.kind !== "tensor" || v.worker !== this.coreLanes[node.id]!.rank) {
+        if (role === undefined || v.kind !== "tensor" || v.worker !== this.coreLanes[node.id]!.rank) {
           const what = v.kind === "tensor" ? `a tensor of worker ${v.worker}` : `a ${v.kind}`;
-          const input = at === 1 ? "prompt embeddings" : "prompt positions";
-          this.deferred.push(() => this.conductor.failRequest(req.id, `kv_cache node ${node.name} takes ${input} as a tensor of its own worker, not ${what}`));
+          const why = role === undefined ? `declares no role for its input ${at}` : `takes its ${role} as a tensor of its own worker, not ${what}`;
+          this.deferred.push(() => this.conductor.failRequest(req.id, `kv_cache node ${node.name} ${why}`));
           return;
         }
-        handles[at - 1] = v.handle;
+        if (role === "embeds") base = { ...base, embedsHandle: v.handle };
+        else if (role === "positions") base = { ...base, positionsHandle: v.handle };
+        else base = { ...base, encoderStatesHandle: v.handle, numCrossTokens: v.shape[0] ?? 0 };
       }
     }
-    const [embedsHandle, positionsHandle] = handles as [number, number];
-    const base = embedsHandle < 0 && positionsHandle < 0 ? req.engineRequest : {
-      ...req.engineRequest,
-      ...(embedsHandle >= 0 ? { embedsHandle } : {}),
-      ...(positionsHandle >= 0 ? { positionsHandle } : {}),
-    };
     const config = this.configs[node.id]!;
     const cap = Math.min(base.stop.maxTokens, this.nodeTokenCap[node.id]!, Math.max(1, config.maxModelLen - ids.length));
     const engineRequest: EngineRequest =
@@ -719,6 +723,7 @@ export class GraphEngine implements LaneListener {
       return;
     }
     req.admitted = true;
+    if (req.text) req.promptInfo = promptInfoOf(values, this.graph.promptNames);
     this.call(() => this.conductor.admit(requestId, values, { inactivePartitions: inactive }));
   }
 
@@ -856,7 +861,7 @@ export class GraphEngine implements LaneListener {
       req.coreOutput = null;
       const pending = req.pending;
       if (pending.length === 0 && !req.ended) continue;
-      if (pending.length === 1 && !req.ended && (core === null || (core.logprobs === null && core.promptLogprobs === undefined))) {
+      if (pending.length === 1 && !req.ended && req.promptInfo === null && (core === null || (core.logprobs === null && core.promptLogprobs === undefined))) {
         batch.addToken(req.id, pending[0] as number, req.numCachedTokens);
         pending.length = 0;
         continue;
@@ -880,6 +885,10 @@ export class GraphEngine implements LaneListener {
       // What the engine core reports beside the tokens (prompt logprobs, the request's phase times) passes through.
       if (core?.promptLogprobs !== undefined) output.promptLogprobs = core.promptLogprobs;
       if (core?.timing !== undefined) output.timing = core.timing;
+      if (req.promptInfo !== null) {
+        output.promptInfo = req.promptInfo;
+        req.promptInfo = null;
+      }
       batch.add(output);
     }
     if (batch.size === 0) return;
@@ -892,6 +901,16 @@ export class GraphEngine implements LaneListener {
 }
 
 // ------------------------------------------------------------ wire values
+
+/** The integer prompt values no walk reads: what process_prompt tells the client (RequestOutput.promptInfo); null: none. */
+function promptInfoOf(values: ReadonlyMap<string, Values>, read: readonly string[]): Record<string, number[]> | null {
+  let info: Record<string, number[]> | null = null;
+  for (const [name, list] of values) {
+    if (read.includes(name)) continue;
+    for (const v of list) if (v.kind === "tokens") (info ??= {})[name] = Array.from(v.ids);
+  }
+  return info;
+}
 
 function wireValues(values: Values): WireValue[] {
   const out: WireValue[] = [];

@@ -54,6 +54,63 @@ export interface ModelDirInfo {
   imageGeneration: ImageGenerationSpec | null;
   /** A vision-language model (LlavaForConditionalGeneration): how images sit in its prompts; null otherwise. */
   vision: VisionPrompt | null;
+  /** A speech-recognition model (WhisperForConditionalGeneration): its decoder prompt tokens and audio window; null otherwise. */
+  speech: SpeechRecognition | null;
+}
+
+/** The special-token layout of a Whisper vocabulary. */
+export interface WhisperTokenLayout {
+  /** <|endoftext|>; every id >= eot is not text. */
+  eot: number;
+  /** <|notimestamps|>. */
+  noTimestamps: number;
+  /** <|0.00|>: right after <|notimestamps|>; timestampBegin + i is i * timePrecision seconds. */
+  timestampBegin: number;
+  /** Seconds per timestamp step: a 30 s window over 1500 encoder positions. */
+  timePrecision: number;
+}
+
+/** Reads the token layout from a Whisper model's generation_config.json (parsed); throws naming a bad field. */
+export function whisperTokenIds(generationConfig: unknown): WhisperTokenLayout {
+  if (typeof generationConfig !== "object" || generationConfig === null || Array.isArray(generationConfig)) {
+    throw new Error("Whisper generation_config.json must be a JSON object");
+  }
+  const config = generationConfig as Record<string, unknown>;
+  const field = (name: string): number => {
+    const value = config[name];
+    if (value === undefined || value === null) throw new Error(`Whisper generation_config.json has no ${name}`);
+    if (typeof value !== "number" || !Number.isInteger(value) || value < 0) {
+      throw new Error(`Whisper generation_config.json ${name} must be a non-negative integer, got ${JSON.stringify(value)}`);
+    }
+    return value;
+  };
+  const eot = field("eos_token_id");
+  const noTimestamps = field("no_timestamps_token_id");
+  // Timestamps sit right after <|notimestamps|>, and all specials after text.
+  if (noTimestamps <= eot) {
+    throw new Error(`Whisper generation_config.json no_timestamps_token_id (${noTimestamps}) must be above eos_token_id (${eot})`);
+  }
+  return { eot, noTimestamps, timestampBegin: noTimestamps + 1, timePrecision: 0.02 };
+}
+
+/** What a transcription needs of a Whisper directory (generation_config.json, preprocessor_config.json, config.json). */
+export interface SpeechRecognition {
+  tokens: WhisperTokenLayout;
+  /** <|startoftranscript|> */
+  startOfTranscript: number;
+  /** <|startofprev|>: earlier text (a request's prompt) goes after it, before <|startoftranscript|>. */
+  startOfPrev: number;
+  /** Language code (en, de, ...) -> its token; empty for an English-only model. */
+  languageTokens: Map<string, number>;
+  transcribe: number;
+  translate: number | null;
+  samplingRate: number;
+  /** Samples in one window (chunk_length seconds). */
+  windowSamples: number;
+  /** Mel frames per second (sampling_rate / hop_length): what long-form seeks count. */
+  framesPerSecond: number;
+  /** Decoder positions (max_target_positions): prompt and generated tokens together. */
+  maxTargetPositions: number;
 }
 
 /** An image model's request bounds, from its config.json `image_generation` block (the model's builder writes it). */
@@ -224,6 +281,51 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     imageGeneration: readImageGeneration(config.image_generation, configPath),
     vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config)
       : architectures[0] === "Qwen2_5_VLForConditionalGeneration" ? readQwenVlPrompt(dir, config) : null,
+    speech: architectures[0] === "WhisperForConditionalGeneration" ? readSpeechRecognition(dir, config, generation) : null,
+  };
+}
+
+function readSpeechRecognition(dir: string, config: JsonObject, generation: JsonObject | null): SpeechRecognition {
+  const where = join(dir, "generation_config.json");
+  if (generation === null) throw new ModelDirError(`${where} not found: a Whisper directory's generation config names its language and task tokens`);
+  let tokens: WhisperTokenLayout;
+  try {
+    tokens = whisperTokenIds(generation);
+  } catch (error) {
+    throw new ModelDirError(`${where}: ${(error as Error).message}`);
+  }
+  const id = (key: string): number => {
+    const value = optionalInt(generation[key], `${where} ${key}`);
+    if (value === null || value < 0) throw new ModelDirError(`${where}: ${key} must be a token id`);
+    return value;
+  };
+  const languageTokens = new Map<string, number>();
+  const langs = generation.lang_to_id;
+  if (generation.is_multilingual === true && isObject(langs)) {
+    for (const [token, value] of Object.entries(langs)) {
+      const code = /^<\|(.+)\|>$/.exec(token)?.[1];
+      if (code === undefined || typeof value !== "number") throw new ModelDirError(`${where}: lang_to_id entry ${token} is not <|code|> -> id`);
+      languageTokens.set(code, value);
+    }
+  }
+  const tasks = isObject(generation.task_to_id) ? generation.task_to_id : {};
+  const transcribe = typeof tasks.transcribe === "number" ? tasks.transcribe : null;
+  if (languageTokens.size > 0 && transcribe === null) throw new ModelDirError(`${where}: task_to_id has no transcribe token`);
+  const pre = readJsonObject(join(dir, "preprocessor_config.json"), true);
+  const samplingRate = optionalInt(pre.sampling_rate, "preprocessor_config.json sampling_rate") ?? 16000;
+  const hop = optionalInt(pre.hop_length, "preprocessor_config.json hop_length") ?? 160;
+  const chunk = optionalInt(pre.chunk_length, "preprocessor_config.json chunk_length") ?? 30;
+  return {
+    tokens,
+    startOfTranscript: id("decoder_start_token_id"),
+    startOfPrev: id("prev_sot_token_id"),
+    languageTokens,
+    transcribe: transcribe ?? -1,
+    translate: typeof tasks.translate === "number" ? tasks.translate : null,
+    samplingRate,
+    windowSamples: chunk * samplingRate,
+    framesPerSecond: samplingRate / hop,
+    maxTargetPositions: optionalInt(config.max_target_positions, "config.json max_target_positions") ?? 448,
   };
 }
 

@@ -107,6 +107,7 @@ export class OutputProcessor {
     before.error = output.error;
     if (output.errorStatus !== undefined) before.errorStatus = output.errorStatus;
     if (output.promptLogprobs !== undefined) before.promptLogprobs = output.promptLogprobs;
+    if (output.promptInfo !== undefined) before.promptInfo = output.promptInfo;
     if (output.timing !== undefined) before.timing = output.timing;
   }
 }

@@ -16,12 +16,15 @@ export const ROOT_HASH = 0;
 
 /**
  * Parent hash of the first block of a request that runs with LoRA adapter
- * `loraId` (0: the base model). The adapter changes every layer's K/V, so its
- * blocks must never serve another adapter's prompt, nor the base model's.
- * Adapter ids are never reused within a server's life.
+ * `loraId` (0: the base model) on input `inputHash` that every layer attends
+ * (an encoder-decoder's audio; 0: none). Either changes every layer's K/V, so
+ * such blocks must never serve another adapter's or another input's prompt,
+ * nor the base model's. Adapter ids are never reused within a server's life.
  */
-export function rootHashOf(loraId: number): number {
-  return loraId === 0 ? ROOT_HASH : hashBlock(ROOT_HASH, [0x10ad, loraId], 0, 2);
+export function rootHashOf(loraId: number, inputHash = 0): number {
+  const root = loraId === 0 ? ROOT_HASH : hashBlock(ROOT_HASH, [0x10ad, loraId], 0, 2);
+  if (inputHash === 0) return root;
+  return hashBlock(root, [0xa0d1, inputHash >>> 0, Math.floor(inputHash / TWO_32)], 0, 3);
 }
 
 function mix(h: number, k: number): number {

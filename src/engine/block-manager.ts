@@ -11,6 +11,11 @@
 // goes to its tail, and a freed plain block to its head (it has nothing to
 // lose, so it is reused before any cached block is evicted).
 //
+// An encoder-decoder request (Whisper) also holds the blocks of its
+// cross-attention K/V (Request.crossBlockIds): taken with its first
+// allocation, in the same all-or-nothing check, and freed with its table;
+// they are never hashed, so no two requests share them.
+//
 // The scheduler talks to the KVCacheManager interface only, so a radix tree
 // can replace the hash chain without touching it.
 
@@ -39,7 +44,8 @@ export interface KVCacheManager {
   /**
    * Grows the request's block table so it can hold `numTokens` tokens,
    * taking `cachedBlocks` (from findCachedPrefix, only on an empty table)
-   * first. All or nothing: false, and nothing changed, if blocks are short.
+   * first, and its cross-attention blocks if it has none yet. All or
+   * nothing: false, and nothing changed, if blocks are short.
    */
   allocate(request: Request, numTokens: number, cachedBlocks?: readonly number[]): boolean;
   /**
@@ -49,7 +55,7 @@ export interface KVCacheManager {
    * another row of the same step before its KV is written.)
    */
   commitComputed(request: Request, numComputedTokens: number): void;
-  /** Drops the request's references, last block first, and empties its table. */
+  /** Drops the request's references, last block first, and empties its table (and its cross-attention blocks). */
   free(request: Request): void;
   /** Forgets every cached hash (the worker's KV is gone, e.g. after a restart). */
   resetPrefixCache(): void;
@@ -132,10 +138,22 @@ export class BlockManager implements KVCacheManager {
   allocate(request: Request, numTokens: number, cachedBlocks: readonly number[] = []): boolean {
     const table = request.blockIds;
     const numNew = this.blocksFor(numTokens) - table.length - cachedBlocks.length;
+    const numCross = request.numCrossTokens > 0 && request.crossBlockIds.length === 0 ? this.blocksFor(request.numCrossTokens) : 0;
     // A cached block nobody holds sits in the free list: taking it costs a free slot too.
     let numRevived = 0;
     for (const block of cachedBlocks) if (this.refCounts[block] === 0) numRevived++;
-    if (Math.max(numNew, 0) + numRevived > this.freeCount) return false;
+    if (Math.max(numNew, 0) + numRevived + numCross > this.freeCount) return false;
+    if (numCross > 0) {
+      const cross: number[] = [];
+      for (let i = 0; i < numCross; i++) {
+        const block = this.popHead();
+        this.evict(block);
+        this.refCounts[block] = 1;
+        cross.push(block);
+      }
+      request.crossBlockIds = cross;
+      this.holders.add(request);
+    }
     for (const block of cachedBlocks) {
       if (this.refCounts[block] === 0) this.unlink(block);
       this.refCounts[block] = this.refCounts[block]! + 1;
@@ -173,6 +191,15 @@ export class BlockManager implements KVCacheManager {
   }
 
   free(request: Request): void {
+    const cross = request.crossBlockIds;
+    for (let i = cross.length - 1; i >= 0; i--) {
+      const block = cross[i] as number;
+      const refs = this.refCounts[block]! - 1;
+      this.refCounts[block] = refs;
+      if (refs !== 0) throw new Error(`cross-attention block ${block} has ${refs} other references`);
+      this.pushHead(block);
+    }
+    if (cross.length > 0) request.crossBlockIds = [];
     const table = request.blockIds;
     // Reverse order: a prefix's tail blocks enter the LRU first and are evicted first.
     for (let i = table.length - 1; i >= 0; i--) {
@@ -222,11 +249,12 @@ export class BlockManager implements KVCacheManager {
     const owners = new Int32Array(this.numBlocks);
     for (const request of this.holders) {
       const inTable = new Set<number>();
-      for (const block of request.blockIds) {
-        if (inTable.has(block)) fail(`block ${block} twice in request ${request.id}'s table`);
+      for (const block of [...request.blockIds, ...request.crossBlockIds]) {
+        if (inTable.has(block)) fail(`block ${block} twice in request ${request.id}'s tables`);
         inTable.add(block);
         owners[block] = owners[block]! + 1;
       }
+      for (const block of request.crossBlockIds) if (this.blockHash[block] !== NO_HASH) fail(`cross-attention block ${block} is hashed`);
       if (request.numCommittedBlocks > request.blockIds.length) fail(`request ${request.id} committed more blocks than it holds`);
     }
     let free = 0;

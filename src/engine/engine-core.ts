@@ -860,8 +860,13 @@ export function checkSubmittable(req: EngineRequest, limits: SubmitLimits): void
   if (req.pooling?.wholePrompt === true && prompt.length > limits.maxNumBatchedTokens) {
     reject(`the input has ${prompt.length} tokens, more than this encoder takes in one step (--max-num-batched-tokens ${limits.maxNumBatchedTokens})`);
   }
-  const capacity = limits.numBlocks * limits.blockSize;
-  if (prompt.length > capacity) reject(`the prompt has ${prompt.length} tokens, more than the whole KV cache holds (${capacity})`);
+  // An encoder-decoder request's cross-attention blocks come out of the same cache.
+  const cross = Math.ceil((req.numCrossTokens ?? 0) / limits.blockSize) * limits.blockSize;
+  const capacity = limits.numBlocks * limits.blockSize - cross;
+  if (prompt.length > capacity) {
+    const what = cross > 0 ? ` beside its ${req.numCrossTokens} cross-attention positions` : "";
+    reject(`the prompt has ${prompt.length} tokens, more than the whole KV cache holds${what} (${capacity})`);
+  }
   for (let i = 0; i < prompt.length; i++) {
     const t = prompt[i] as number;
     if (!Number.isInteger(t) || t < 0 || t >= limits.vocabSize) reject(`prompt token ${i} (${t}) is outside the vocabulary [0, ${limits.vocabSize})`);

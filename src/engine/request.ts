@@ -68,6 +68,12 @@ export class Request {
   readonly embeds: number;
   /** EngineRequest.positionsHandle, -1 when none. */
   readonly positions: number;
+  /** EngineRequest.encoderStatesHandle, -1 when none. */
+  readonly encoderStates: number;
+  /** Cross-attention positions it holds blocks for (EngineRequest.numCrossTokens; 0: none). */
+  readonly numCrossTokens: number;
+  /** The blocks of its cross-attention K/V (allocated and freed with blockIds; never prefix-cached). */
+  crossBlockIds: number[] = NO_BLOCKS;
   /** Prompt logprobs received so far, in prompt order (a recomputed prompt does not add them twice). */
   readonly promptLogprobEntries: PromptTokenLogprob[] = [];
   readonly submittedMs: number;
@@ -112,6 +118,8 @@ export class Request {
     this.media = req.media?.spans ?? [];
     this.embeds = req.embedsHandle ?? -1;
     this.positions = req.positionsHandle ?? -1;
+    this.encoderStates = req.encoderStatesHandle ?? -1;
+    this.numCrossTokens = this.encoderStates >= 0 ? (req.numCrossTokens ?? 0) : 0;
     this.submittedMs = performance.now();
     this.numPromptTokens = req.promptIds.length;
     this.tokenIds = req.promptIds.slice();
@@ -121,7 +129,7 @@ export class Request {
     this.kvLoad = this.kvTransfer?.role === "consumer" ? "pending" : "none";
     this.pooling = req.pooling ?? null;
     this.loraId = req.loraId ?? 0;
-    this.rootHash = rootHashOf(this.loraId);
+    this.rootHash = rootHashOf(this.loraId, req.media?.audio?.hash ?? 0);
   }
 
   /** Whether prefix-cache hits may serve its prompt: not while it needs prompt logprobs, nor for pooling that reads every position. */
@@ -158,3 +166,4 @@ export class Request {
 }
 
 const NO_DRAFTS: readonly number[] = [];
+const NO_BLOCKS: number[] = [];

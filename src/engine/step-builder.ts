@@ -84,5 +84,7 @@ function addedRequest(request: Request): AddedRequest {
     embeds: request.embeds,
     lora_id: request.loraId,
     positions: request.positions,
+    encoder_states: request.encoderStates,
+    cross_block_ids: request.crossBlockIds.length === 0 ? NO_IDS : Int32Array.from(request.crossBlockIds),
   };
 }

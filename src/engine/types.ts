@@ -61,6 +61,14 @@ export interface EngineRequest {
   /** A tensor in the worker's store with the prompt's multimodal rotary positions (AddedRequest.positions). */
   positionsHandle?: number;
   /**
+   * An encoder-decoder model's request (Whisper): the handle of the encoder's
+   * output [numCrossTokens, hidden] in the kv_cache node's worker, whose
+   * cross-attention K/V the request holds in numCrossTokens positions of
+   * blocks of its own (AddedRequest.encoder_states / cross_block_ids); set by the graph engine.
+   */
+  encoderStatesHandle?: number;
+  numCrossTokens?: number;
+  /**
    * A pooling model's request (an embedding): prefill only, no token is
    * sampled; its one output carries the prompt's pooled vector. Set exactly
    * when the worker is a pooling model (poolingTraits of its Ready.pooling).
@@ -84,6 +92,22 @@ export interface PromptMedia {
   images: Uint8Array[];
   /** Where each image came from in the request (for error messages). */
   params: string[];
+  /** An audio prompt (a transcription's file): its bytes, decoded by the worker, and their 53-bit hash. */
+  audio?: PromptAudio;
+}
+
+interface PromptAudio {
+  data: Uint8Array;
+  /** Where it came from in the request (the multipart field), for error messages. */
+  param: string;
+  /**
+   * 53-bit hash of the bytes and of what else the worker reads with them (the
+   * window's offset): every KV block of the request hashes it in, since a
+   * decoder's every layer attends the audio.
+   */
+  hash: number;
+  /** Where the window the worker encodes starts, in the model's units (Whisper: mel frames; long-form audio); 0: the start. */
+  offset: number;
 }
 
 /**
@@ -147,6 +171,12 @@ export interface RequestOutput {
   timing?: RequestTiming;
   /** A pooling request's one output: the prompt's vector (as the model pools and normalizes it). */
   pooled?: Float32Array;
+  /**
+   * On a graph text request's first output: the integer values its model's
+   * process_prompt returned that no walk reads, by name (a transcription's
+   * decoded sample count). Absent on every other output.
+   */
+  promptInfo?: Record<string, number[]>;
 }
 
 export type OutputCallback = (output: RequestOutput) => void;

@@ -151,9 +151,11 @@ function resizedImageTokens(image: Uint8Array, resize: ImageResize, param: strin
   return (h / factor) * (w / factor);
 }
 
-/** 53-bit hash of an image's bytes (the prefix cache's key for its tokens). */
-function imageHash(bytes: Uint8Array): number {
-  const digest = createHash("sha256").update(bytes).digest();
+/** 53-bit hash of media bytes and what else shapes the model's input from them (the prefix cache's key). */
+export function mediaHash(bytes: Uint8Array, ...salt: number[]): number {
+  const sha = createHash("sha256").update(bytes);
+  if (salt.length > 0) sha.update(Float64Array.from(salt));
+  const digest = sha.digest();
   return (digest.readUInt32LE(4) & 0x1f_ffff) * 0x1_0000_0000 + digest.readUInt32LE(0);
 }
 
@@ -172,7 +174,7 @@ export function expandImageTokens(promptIds: readonly number[], vision: VisionPr
     const image = images[spans.length];
     if (image === undefined) break;
     const length = vision.tokensPerImage ?? resizedImageTokens(image, vision.resize!, parts[spans.length]?.param ?? "messages");
-    spans.push({ offset: ids.length, length, hash: imageHash(image) });
+    spans.push({ offset: ids.length, length, hash: mediaHash(image) });
     for (let i = 0; i < length; i++) ids.push(id);
   }
   const placeholders = promptIds.filter((id) => id === vision.imageTokenId).length;

@@ -30,7 +30,8 @@ import { registerResponsesRoutes } from "./responses/routes.js";
 import { RESPONSES_STORE_DEFAULTS, type ResponseStoreOptions } from "./responses/store.js";
 import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions, type GraphEngineHandle } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
-import type { VisionPrompt } from "../config/model-dir.js";
+import type { SpeechRecognition, VisionPrompt } from "../config/model-dir.js";
+import { handleTranscription } from "./transcriptions.js";
 import { NO_MEDIA_ALLOWED, type MediaOptions } from "./media.js";
 import type { PoolingInfo } from "../transport/messages.js";
 
@@ -72,6 +73,8 @@ export interface ServerOptions {
   graph?: (Omit<GraphEndpointsOptions, "unavailableReason" | "sessions"> & { engine: GraphEngineHandle }) | null;
   /** A vision-language model's image placement; null/undefined: image parts are a 400. */
   vision?: VisionPrompt | null;
+  /** A speech-recognition model (Whisper): what /v1/audio/transcriptions and /translations need; null/undefined: those are a 400. */
+  speech?: SpeechRecognition | null;
   /** A pooling model's Ready.pooling: /v1/embeddings serves it and the generating routes answer 400; null/undefined: a generating model. */
   pooling?: PoolingInfo | null;
   /** What image parts may load (default: data: URLs only, 20 MiB each). */
@@ -152,6 +155,7 @@ export function buildServer(options: ServerOptions): BatonServer {
     enableAutoToolChoice: options.enableAutoToolChoice ?? false,
     grammars: options.grammars ?? null,
     vision: options.vision ?? null,
+    speech: options.speech ?? null,
     media: options.media ?? NO_MEDIA_ALLOWED,
     adapters: options.lora ?? null,
     noteIgnoredFields(route, names) {
@@ -280,6 +284,8 @@ export function buildServer(options: ServerOptions): BatonServer {
     }
     return handleGenerate(generateContext(), request, reply);
   });
+  app.post("/v1/audio/transcriptions", (request, reply) => handleTranscription(generateContext(), "transcribe", request, reply));
+  app.post("/v1/audio/translations", (request, reply) => handleTranscription(generateContext(), "translate", request, reply));
   app.post("/v1/audio/speech", (request, reply) => {
     if (graph === null) throw badRequest(`model ${options.servedModelName} does not produce audio; /v1/audio/speech needs a speech model`);
     return handleSpeech(graph, request, reply);

@@ -20,6 +20,7 @@ import {
   EMPTY_DESTINATION,
   type ChunkPolicySpec,
   type EngineKind,
+  type KvInputRole,
   type LayoutEdge,
   type LayoutSection,
   type ModelGraphLayout,
@@ -54,6 +55,8 @@ export interface CompiledNode {
   readonly engine: EngineKind;
   readonly overlap: boolean;
   readonly stopTokenIds: readonly number[];
+  /** A kv_cache node's prefill inputs after its token ids (layout kv_inputs). */
+  readonly kvInputs: readonly KvInputRole[];
 }
 
 const SECTION_NODE = 0;
@@ -335,7 +338,14 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
   for (const n of layout.nodes) {
     if (nodeByName.has(n.name)) fail(`node ${n.name} is declared twice`);
     if (n.name === EMIT_TO_CLIENT) fail(`node ${n.name}: the name is reserved for client outputs`);
-    const node: CompiledNode = { id: nodes.length, name: n.name, engine: n.engine, overlap: n.overlap, stopTokenIds: Object.freeze([...n.stop_token_ids]) };
+    const node: CompiledNode = {
+      id: nodes.length,
+      name: n.name,
+      engine: n.engine,
+      overlap: n.overlap,
+      stopTokenIds: Object.freeze([...n.stop_token_ids]),
+      kvInputs: Object.freeze([...n.kv_inputs]),
+    };
     nodes.push(node);
     nodeByName.set(n.name, node);
   }

@@ -10,6 +10,9 @@ export const EMIT_TO_CLIENT = "emit_to_client";
 export const EMPTY_DESTINATION = "";
 
 export type EngineKind = "kv_cache" | "stateless";
+/** What a kv_cache node's prefill input after its token ids is: AddedRequest.embeds, .positions or .encoder_states. */
+const KV_INPUT_ROLES = ["embeds", "positions", "encoder_states"] as const;
+export type KvInputRole = (typeof KV_INPUT_ROLES)[number];
 
 interface LayoutNode {
   name: string;
@@ -18,6 +21,8 @@ interface LayoutNode {
   overlap: boolean;
   /** kv_cache nodes: token ids that end the node's generation (the model's own, beside a request's stops). */
   stop_token_ids: number[];
+  /** A kv_cache node's prefill inputs after its token ids, in order (GraphModel.get_kv_input_roles). */
+  kv_inputs: KvInputRole[];
 }
 
 export interface LayoutEdge {
@@ -165,6 +170,7 @@ const layoutSchema = z
           engine: z.enum(["kv_cache", "stateless"]),
           overlap: z.boolean(),
           stop_token_ids: z.array(z.number().int().nonnegative()).default([]),
+          kv_inputs: z.array(z.enum(KV_INPUT_ROLES)).default(["embeds", "positions"]),
         })
         .strict(),
     ),

@@ -136,7 +136,7 @@ export class DisaggregatedCore implements KvLoadListener {
     if (this.live.has(req.id)) throw new RequestRejectedError(`request ${req.id}: a request with this id is already running`);
     // Nothing to decode, or image features that live on the prefill worker (a failed load could not recompute
     // them on the decode side): the prefill side serves the request alone.
-    if (req.stop.maxTokens <= 1 || (req.media?.spans.length ?? 0) > 0 || req.embedsHandle !== undefined || req.positionsHandle !== undefined) {
+    if (req.stop.maxTokens <= 1 || (req.media?.spans.length ?? 0) > 0 || req.embedsHandle !== undefined || req.positionsHandle !== undefined || req.encoderStatesHandle !== undefined) {
       this.prefill.submit(req);
       return;
     }

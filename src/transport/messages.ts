@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 15;
+export const PROTOCOL_VERSION = 16;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -35,6 +35,7 @@ export interface SamplingParams {
  * prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
  * embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
  * positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta).
+ * encoder_states / cross_block_ids: an encoder-decoder model's request (Whisper): encoder_states is the handle of a tensor [L, hidden] in this worker's store (the encoder's output for the request) and cross_block_ids the blocks, disjoint from its block table, that hold its cross-attention K/V for positions 0..L-1 (block i: positions [i*block_size, (i+1)*block_size)). The worker computes that K/V when the request is added, before the step's forward pass, and every row of the request attends all L positions. -1 and empty for any other request; the engine allocates and frees those blocks with the request's own.
  */
 export interface AddedRequest {
   req_id: number;
@@ -45,6 +46,8 @@ export interface AddedRequest {
   embeds: number;
   lora_id: number;
   positions: number;
+  encoder_states: number;
+  cross_block_ids: Int32Array;
 }
 
 export interface StepTimings {
@@ -304,7 +307,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 15,
+  protocolVersion: 16,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -331,6 +334,8 @@ export const WIRE_TABLES: WireTables = {
       { name: "embeds", type: { kind: "int", nullable: false, text: "int" } },
       { name: "lora_id", type: { kind: "int", nullable: false, text: "int" } },
       { name: "positions", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "encoder_states", type: { kind: "int", nullable: false, text: "int" } },
+      { name: "cross_block_ids", type: { kind: "i32[]", nullable: false, text: "i32[]" } },
     ],
     StepTimings: [
       { name: "prepare_ms", type: { kind: "float", nullable: false, text: "float" } },

@@ -120,13 +120,17 @@ export function removeDir(dir: string): void {
   rmSync(dir, { recursive: true, force: true });
 }
 
-function runPython(args: string[]): void {
+/** Runs the venv's Python in the repository with the worker package importable; its stdout (stdin: `input`). */
+export function runPython(args: string[], input?: string): string {
   const result = spawnSync(python, args, {
     cwd: repoRoot,
     encoding: "utf8",
+    input,
     env: { ...process.env, PYTHONPATH: join(repoRoot, "python") },
+    maxBuffer: 256 << 20,
   });
   if (result.status !== 0) throw new Error(`python ${args.join(" ")} failed:\n${result.stderr}`);
+  return result.stdout;
 }
 
 /**

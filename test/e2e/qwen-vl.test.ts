@@ -7,20 +7,14 @@
 // 400 naming the part.
 
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { postJson, python, removeDir, repoRoot, startServer, tempDir, type RunningServer } from "./harness.js";
+import { postJson, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
 
 const MAX_TOKENS = 8;
 const dir = tempDir("qwen-vl");
 after(() => removeDir(dir));
 
-function runPython(args: string[], input?: string): string {
-  const result = spawnSync(python, args, { cwd: repoRoot, encoding: "utf8", input, env: { ...process.env, PYTHONPATH: join(repoRoot, "python") }, maxBuffer: 64 << 20 });
-  if (result.status !== 0) throw new Error(`python ${args.join(" ")} failed:\n${result.stderr}`);
-  return result.stdout;
-}
 
 /** A PNG of width x height with seeded noise (made by Pillow: the same bytes every run). */
 function png(width: number, height: number, seed: number): Buffer {

@@ -5,23 +5,18 @@
 // cache keys image tokens by the image; bad media is a 400 naming the part.
 
 import assert from "node:assert/strict";
-import { spawn, spawnSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import { copyFileSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { after, before, describe, test } from "node:test";
-import { demoModelDir, postJson, python, removeDir, repoRoot, startServer, tempDir, type RunningServer } from "./harness.js";
+import { demoModelDir, postJson, python, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
 
 const MAX_TOKENS = 10;
 const BLOCK_SIZE = 4;
 /** random_llava.py's image token (Qwen3's <|image_pad|> id, renamed <image>). */
 const IMAGE_TOKEN_ID = 151655;
 
-function runPython(args: string[], input?: string): string {
-  const result = spawnSync(python, args, { cwd: repoRoot, encoding: "utf8", input, env: { ...process.env, PYTHONPATH: join(repoRoot, "python") }, maxBuffer: 64 << 20 });
-  if (result.status !== 0) throw new Error(`python ${args.join(" ")} failed:\n${result.stderr}`);
-  return result.stdout;
-}
 
 interface Case {
   /** Content parts: an image file name, or text. */

@@ -7,7 +7,53 @@ import { makeRequest, range } from "./fake-executor.js";
 
 const req = (prompt: number[]): Request => new Request(makeRequest(prompt));
 
+/** An encoder-decoder request (Whisper's decoder): `cross` cross-attention positions over audio hashed `audio`. */
+const crossReq = (prompt: number[], cross: number, audio: number): Request =>
+  new Request({
+    ...makeRequest(prompt),
+    encoderStatesHandle: 7,
+    numCrossTokens: cross,
+    media: { spans: [], images: [], params: [], audio: { data: new Uint8Array(0), param: "file", hash: audio, offset: 0 } },
+  });
+
 describe("BlockManager", () => {
+  it("takes an encoder-decoder request's cross-attention blocks with its first allocation, all or nothing, and frees them", () => {
+    const kv = new BlockManager(8, 4, true);
+    const a = crossReq(range(5), 10, 1);
+    // 2 blocks for the prompt + 3 for the cross K/V: 5 of 8.
+    assert.equal(kv.allocate(a, 5), true);
+    assert.equal(a.blockIds.length, 2);
+    assert.equal(a.crossBlockIds.length, 3);
+    assert.equal(new Set([...a.blockIds, ...a.crossBlockIds]).size, 5, "disjoint");
+    assert.equal(kv.allocate(a, 8), true, "growing takes no more cross blocks");
+    assert.equal(a.crossBlockIds.length, 3);
+    assert.deepEqual(kv.checkIntegrity(), { free: 3, cached: 0, inUse: 5 });
+    const b = crossReq(range(2), 10, 2);
+    assert.equal(kv.allocate(b, 2), false, "1 + 3 blocks do not fit in 3");
+    assert.deepEqual([b.blockIds, b.crossBlockIds], [[], []]);
+    kv.commitComputed(a, 8);
+    kv.free(a);
+    assert.deepEqual(a.crossBlockIds, []);
+    // The prompt's full blocks stay cached; the cross blocks are plain free blocks.
+    assert.deepEqual(kv.checkIntegrity(), { free: 6, cached: 2, inUse: 0 });
+    assert.equal(kv.allocate(b, 2), true);
+    assert.equal(b.crossBlockIds.length, 3);
+    kv.free(b);
+    kv.checkIntegrity();
+  });
+
+  it("never serves one audio's decoder blocks to another audio's request", () => {
+    const kv = new BlockManager(32, 4, true);
+    const a = crossReq(range(9), 4, 11);
+    kv.allocate(a, 9);
+    kv.commitComputed(a, 9);
+    assert.deepEqual(kv.findCachedPrefix(crossReq(range(9), 4, 11)), a.blockIds.slice(0, 2), "the same audio hits");
+    assert.deepEqual(kv.findCachedPrefix(crossReq(range(9), 4, 12)), [], "other audio: no hit");
+    assert.deepEqual(kv.findCachedPrefix(req(range(9))), [], "a text-only request: no hit");
+    kv.free(a);
+    kv.checkIntegrity();
+  });
+
   it("allocates whole blocks, all or nothing, and frees them", () => {
     const kv = new BlockManager(4, 4, false);
     const a = req(range(6));

@@ -76,7 +76,7 @@ function sampling(overrides: Partial<SamplingParams> = {}): SamplingParams {
 }
 
 function added(reqId: number, tokens: number[], overrides: Partial<SamplingParams> = {}): AddedRequest {
-  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1, embeds: -1, lora_id: 0, positions: -1 };
+  return { req_id: reqId, token_ids: Int32Array.from(tokens), num_prompt_tokens: tokens.length, sampling: sampling(overrides), prompt_logprobs: -1, embeds: -1, lora_id: 0, positions: -1, encoder_states: -1, cross_block_ids: new Int32Array(0) };
 }
 
 export function step(overrides: Partial<StepMessage> = {}): StepMessage {

@@ -52,7 +52,7 @@ const samplingParams: fc.Arbitrary<SamplingParams> = rec({
   logprobs: int,
 });
 
-const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int, embeds: int, lora_id: int, positions: int });
+const addedRequest: fc.Arbitrary<AddedRequest> = rec({ req_id: int, token_ids: i32, num_prompt_tokens: int, sampling: samplingParams, prompt_logprobs: int, embeds: int, lora_id: int, positions: int, encoder_states: int, cross_block_ids: i32 });
 const timings: fc.Arbitrary<StepTimings> = rec({ prepare_ms: float, forward_ms: float, sample_ms: float });
 
 const strs = fc.array(str, { maxLength: 3 });

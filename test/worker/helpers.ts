@@ -89,7 +89,7 @@ export function prefillStep(stepId: number, reqId: number, prompt: number[], fir
   return {
     kind: "Step",
     step_id: stepId,
-    added: [{ req_id: reqId, token_ids: Int32Array.from(prompt), num_prompt_tokens: prompt.length, sampling, prompt_logprobs: -1, embeds: -1, lora_id: 0, positions: -1 }],
+    added: [{ req_id: reqId, token_ids: Int32Array.from(prompt), num_prompt_tokens: prompt.length, sampling, prompt_logprobs: -1, embeds: -1, lora_id: 0, positions: -1, encoder_states: -1, cross_block_ids: new Int32Array(0) }],
     removed: new Int32Array(0),
     req_ids: Int32Array.from([reqId]),
     num_new_tokens: Int32Array.from([prompt.length]),

@@ -25,7 +25,7 @@ from .authoring import (
     Sequential,
     iter_sections,
 )
-from .model import GraphModel, PartitionTransitions, WalkStep
+from .model import KV_INPUT_ROLES, GraphModel, PartitionTransitions, WalkStep
 from .streaming import FixedChunkPolicy, LeftContextChunkPolicy, PartitionTopology, SlidingWindowChunkPolicy
 
 GRAPH_LAYOUT_VERSION = 1
@@ -75,6 +75,7 @@ def export_graph(model: GraphModel) -> dict[str, Any]:
                 "engine": engine.value,
                 "overlap": _overlap(name, graphs),
                 "stop_token_ids": _stop_token_ids(model, name),
+                "kv_inputs": _kv_input_roles(model, name) if engine is EngineType.KV_CACHE else [],
             }
             for name, engine in engines.items()
         ],
@@ -114,6 +115,13 @@ def _engine_types(model: GraphModel) -> dict[str, EngineType]:
                 f"node {name!r}: unknown engine type {engine!r} (kv_cache or stateless)"
             ) from None
     return engines
+
+
+def _kv_input_roles(model: GraphModel, node: str) -> list[str]:
+    roles = model.get_kv_input_roles(node)
+    if not isinstance(roles, list) or any(r not in KV_INPUT_ROLES for r in roles) or len(set(roles)) != len(roles):
+        raise GraphDeclarationError(f"get_kv_input_roles({node!r}) must return distinct roles of {', '.join(KV_INPUT_ROLES)}; got {roles!r}")
+    return roles
 
 
 def _stop_token_ids(model: GraphModel, node: str) -> list[int]:

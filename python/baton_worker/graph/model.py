@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import torch
 
@@ -31,6 +31,9 @@ from .authoring import (
 )
 from .streaming import PartitionTopology
 
+if TYPE_CHECKING:
+    from ..model.config import ModelConfig
+
 
 @dataclass(frozen=True)
 class KvDecoderLayout:
@@ -42,11 +45,21 @@ class KvDecoderLayout:
     replace (a vision-language model's image token), or None.
     """
 
-    text_config: str
+    text_config: str | None
     rename: Callable[[str], str]
     embeds_token_id: int | None = None
+    # A decoder other than the Llama-family DecoderModel (Whisper's), or None: its config from the
+    # directory (it sizes the KV cache), the model from that config and a weight reader, whether it
+    # cross-attends an encoder output (AddedRequest.encoder_states), and its logits rules from the
+    # directory (StepRunner.logits_rules; None: none).
+    read_config: Callable[[Path], ModelConfig] | None = None
+    make_decoder: Callable[[ModelConfig, Any], Any] | None = None
+    cross_attention: bool = False
+    logits_rules: Callable[[Path], Any] | None = None
 
 DEFAULT_PARTITION = "default"
+# What a kv_cache node's prefill inputs after its token ids may be (GraphModel.get_kv_input_roles).
+KV_INPUT_ROLES = ("embeds", "positions", "encoder_states")
 
 WalkInputSource = Literal["prompt", "persist"]
 
@@ -185,6 +198,14 @@ class GraphModel:
         the token whose embeddings prompt embeddings replace. Default: None (the
         directory of get_kv_model_dir is a plain decoder's)."""
         return None
+
+    def get_kv_input_roles(self, node_name: str) -> list[str]:
+        """What kv_cache node `node_name`'s prefill inputs after the token ids are, in order, each one of
+        KV_INPUT_ROLES: "embeds" (rows replacing the image tokens' embeddings: AddedRequest.embeds),
+        "positions" (multimodal rotary positions: AddedRequest.positions), "encoder_states" (an
+        encoder's output the decoder cross-attends: AddedRequest.encoder_states). Exported per node as
+        `kv_inputs`. Default: embeds, then positions."""
+        return ["embeds", "positions"]
 
     def get_stop_token_ids(self, node_name: str) -> list[int]:
         """Token ids that end the loop a kv_cache node's pass is in (the engine

@@ -26,6 +26,8 @@ GRAPH_ARCHITECTURES: dict[str, str] = {
     "LlavaForConditionalGeneration": "baton_worker.models.llava.graph_model:LlavaGraphModel",
     # Qwen2.5-VL: the windowed ViT feeding a text model with multimodal rotary positions.
     "Qwen2_5_VLForConditionalGeneration": "baton_worker.models.qwen2_5_vl.graph_model:Qwen25VLGraphModel",
+    # Whisper: the audio encoder feeding a decoder that cross-attends it (speech to text).
+    "WhisperForConditionalGeneration": "baton_worker.models.whisper.graph_model:WhisperGraphModel",
 }
 
 

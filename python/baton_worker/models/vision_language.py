@@ -1,14 +1,12 @@
-"""The graph every vision-language model here shares: a stateless `vision`
-node and a kv_cache `llm` node, walked `encode` (vision: the prompt's image
-values -> image_embeds, persisted: held until the request ends, since a
-preempted request recomputes its prompt), `prefill` (llm: the prompt's token
-ids, image_embeds, and any further prompt values the model names) and
-`decode` (llm, a loop of one token per iteration).
+"""What every vision-language model here shares: the encoder-decoder graph
+(encoder_decoder.py) with a stateless `vision` node whose image_embeds replace
+the image tokens' embeddings in the kv_cache `llm` node's prefill, image
+decoding and its errors, and reading a prompt's images.
 
 A model subclasses VisionLanguageGraph and says which prompt values its vision
-node takes (`vision_inputs`) and which further prompt values its prefill takes
+node takes (`encoder_inputs`) and which further prompt values its prefill takes
 after the token ids and image_embeds (`prefill_prompt_inputs`: Qwen2.5-VL's
-rotary positions); nodes, walks and transitions come from here.
+rotary positions), and builds its tower in `encoder_submodule`.
 """
 
 from __future__ import annotations
@@ -17,86 +15,24 @@ import io
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from ..graph.authoring import EMIT_TO_CLIENT, EMPTY_DESTINATION, EngineType, GraphEdge, GraphNode, GraphSection, Loop
-from ..graph.model import DEFAULT_PARTITION, GraphModel, PartitionTransitions, WalkInput, WalkStep
-from ..model.weights import WeightReader
+from .encoder_decoder import TEXT_INPUTS, EncoderDecoderGraph
 
 # The formats a data: URL may carry (image/png, image/jpeg, image/webp).
 FORMATS = ("PNG", "JPEG", "WEBP")
 # Decompression-bomb guard: PIL warns past ~89M pixels by default; refuse instead.
 MAX_PIXELS = 64 * 1024 * 1024
 
-VISION, LLM = "vision", "llm"
-TEXT_INPUTS, NEW_TOKEN, IMAGE_EMBEDS = "text_inputs", "new_token", "image_embeds"
-ENCODE, PREFILL, DECODE, DECODE_LOOP = "encode", "prefill", "decode", "decode_loop"
+VISION, LLM, IMAGE_EMBEDS = "vision", "llm", "image_embeds"
+
+__all__ = ["IMAGE_EMBEDS", "LLM", "TEXT_INPUTS", "VISION", "MediaError", "VisionLanguageGraph", "decode_image", "prompt_images"]
 
 
-class VisionLanguageGraph(GraphModel):
+class VisionLanguageGraph(EncoderDecoderGraph):
     model_dir: Path
-    max_model_len: int
-    vision_inputs: tuple[str, ...] = ()
-    prefill_prompt_inputs: tuple[str, ...] = ()
-
-    def get_node_engine_types(self) -> dict[str, EngineType]:
-        return {VISION: EngineType.STATELESS, LLM: EngineType.KV_CACHE}
-
-    def get_graph_walk_graphs(self) -> dict[str, GraphSection]:
-        encode = GraphNode(VISION, list(self.vision_inputs), [GraphEdge(EMPTY_DESTINATION, IMAGE_EMBEDS, persist=True)])
-        prefill = GraphNode(
-            LLM,
-            [TEXT_INPUTS, IMAGE_EMBEDS, *self.prefill_prompt_inputs],
-            [
-                GraphEdge(EMPTY_DESTINATION, NEW_TOKEN, persist=True, conductor_new_token=True),
-                GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text"),
-            ],
-        )
-        decode = Loop(
-            GraphNode(LLM, [TEXT_INPUTS], [GraphEdge(LLM, TEXT_INPUTS), GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text")]),
-            max_iters=self.max_model_len,
-            name=DECODE_LOOP,
-        )
-        return {ENCODE: encode, PREFILL: prefill, DECODE: decode}
-
-    def get_partitions(self) -> dict[str, set[str]]:
-        return {DEFAULT_PARTITION: {ENCODE, PREFILL, DECODE}}
-
-    def get_walk_transitions(self) -> dict[str, PartitionTransitions]:
-        prefill_inputs = [
-            WalkInput(LLM, TEXT_INPUTS, "prompt", TEXT_INPUTS),
-            WalkInput(LLM, IMAGE_EMBEDS, "persist", IMAGE_EMBEDS),
-            *(WalkInput(LLM, name, "prompt", name) for name in self.prefill_prompt_inputs),
-        ]
-        return {
-            DEFAULT_PARTITION: PartitionTransitions(
-                start=WalkStep(ENCODE, [WalkInput(VISION, name, "prompt", name) for name in self.vision_inputs]),
-                after={
-                    ENCODE: WalkStep(PREFILL, prefill_inputs),
-                    PREFILL: WalkStep(DECODE, [WalkInput(LLM, TEXT_INPUTS, "persist", NEW_TOKEN)], release=[NEW_TOKEN]),
-                    DECODE: WalkStep(""),
-                },
-            )
-        }
-
-    def get_kv_model_dir(self, node_name: str) -> Path:
-        return self.model_dir
-
-    def get_submodule(self, node_name: str, device: str | torch.device = "cpu") -> torch.nn.Module | None:
-        """The vision node's module, its weights read from the directory (bfloat16 on a GPU); None for the llm."""
-        if node_name == LLM:
-            return None
-        if node_name != VISION:
-            raise KeyError(f"{type(self).__name__} has no node {node_name!r}")
-        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-        reader = WeightReader(self.model_dir, dtype, torch.device(device))
-        try:
-            return self.vision_submodule(reader, dtype)
-        finally:
-            reader.close()
-
-    def vision_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
-        raise NotImplementedError
+    encoder_node = VISION
+    decoder_node = LLM
+    encoder_output = IMAGE_EMBEDS
 
 
 class MediaError(ValueError):

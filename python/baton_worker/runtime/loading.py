@@ -22,6 +22,13 @@ and max_model_len echo --block-size and --max-model-len (0 when not given),
 and dtype is --dtype as resolved without a checkpoint (auto: float32). A plain
 LLM directory is the one-node graph LLMGraphModel (node llm).
 
+A kv_cache node whose KvDecoderLayout brings its own decoder (Whisper's:
+layout.make_decoder) reads its config and builds its model through the
+layout, with real weights only; with cross_attention its StepRunner writes
+and reads cross-attention K/V in the same cache (attention/cross.py), with
+logits_rules it applies the model's generation rules; either way its steps
+never overlap and no CUDA graphs are captured.
+
 Pooling models (--runner pooling, or auto on a sentence-transformers
 directory or an encoder architecture; model/pooling.py): a decoder loads as
 above without its vocabulary projection and pools instead of sampling; a
@@ -61,6 +68,7 @@ from pathlib import Path
 import torch
 
 from ..attention import make_backend
+from ..attention.cross import CrossAttention
 from ..attention.kv_cache import KVCache, bytes_per_block
 from ..graph.authoring import EngineType
 from ..graph.export import export_graph
@@ -239,7 +247,13 @@ def _load_decoder(
     dummy = opts.load_format == "dummy-null"
     if pooling and dummy:
         raise ConfigError("a pooling model needs weights (not --load-format dummy-null)")
-    config = load_model_config(model_dir, lenient=dummy, text_config=layout.text_config if layout else None)
+    custom = layout is not None and layout.make_decoder is not None
+    if custom and opts.load_format != "auto":
+        raise ConfigError(f"--load-format {opts.load_format} draws Llama-family weights; {model_dir.name}'s decoder loads its own (--load-format auto)")
+    if custom:
+        config = layout.read_config(model_dir)
+    else:
+        config = load_model_config(model_dir, lenient=dummy, text_config=layout.text_config if layout else None)
     dtype = resolve_dtype(opts.dtype, config, device)
     if tp is not None and dummy:
         raise ConfigError("--tensor-parallel-size above 1 needs real weights (not --load-format dummy-null)")
@@ -259,7 +273,7 @@ def _load_decoder(
                 # A base model's weights (Qwen3Model, as sentence-transformers saves it) have no "model." prefix.
                 rename = lambda name: name.removeprefix("model.")  # noqa: E731
             reader = WeightReader(model_dir, dtype, device, progress, rename)
-        model = DecoderModel(config, reader, fuse=fuse_weights, tp=tp, head=not pooling)
+        model = layout.make_decoder(config, reader) if custom else DecoderModel(config, reader, fuse=fuse_weights, tp=tp, head=not pooling)
         if classifier_tokens is not None:
             no, yes = (vocabulary_id(model_dir, token) for token in classifier_tokens)
             tied = config.tie_word_embeddings or not reader.has("lm_head.weight")
@@ -280,6 +294,10 @@ def _load_decoder(
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
     runner.embeds_token_id = layout.embeds_token_id if layout else None
     runner.lora = lora
+    if layout is not None and layout.cross_attention and cache is not None:
+        runner.cross = CrossAttention(cache, local.num_heads)
+    if layout is not None and layout.logits_rules is not None:
+        runner.logits_rules = layout.logits_rules(model_dir)
     if draft is not None:
         draft_cache = KVCache(draft.config, num_blocks, opts.block_size, dtype, device)
         draft_attention = make_backend(attention_backend, draft_cache, draft.config.num_heads, draft.scale, draft.config.sliding_windows)
@@ -298,11 +316,14 @@ def _load_decoder(
     # Test-only: BATON_TEST_OVERLAP=1 overlaps steps on CPU too (a GPU worker does by default), so the path runs in CI.
     if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
         runner.overlap = True
-    if runner.proposer is not None:
-        runner.overlap = False  # a step's tokens (and the proposals made from them) are needed on the host before the next
+    if runner.proposer is not None or runner.logits_rules is not None:
+        # A step's tokens (and the proposals or the logits rules made from them) are needed on the host before the next.
+        runner.overlap = False
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     # With LoRA on none are captured: a replay would run without the step's adapters (their segments change every step).
-    if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager and lora is None:
+    # An encoder-decoder's steps run eagerly too: the graphs capture no cross attention.
+    if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager and lora is None \
+            and runner.cross is None and not custom:
         rows = opts.max_num_seqs * (1 + (opts.num_speculative_tokens if runner.proposer is not None else 0))
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), rows)
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)

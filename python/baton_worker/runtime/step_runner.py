@@ -31,6 +31,16 @@ pass, built from the adapter of each packed token. The protocol's rules are
 checked here: an unknown adapter, an unload of one a live request uses, more
 distinct adapters in a step than --max-loras, any LoRA on a worker without it.
 
+Encoder-decoder models (Whisper: `cross` set): a request added with
+AddedRequest.encoder_states gets its cross-attention K/V computed from that
+tensor into its cross_block_ids before the step's forward pass (the K/V of
+every request added in the step, one projection per layer), and every row of
+the step cross-attends its request's blocks (attention/cross.py). The model's
+logits rules (`logits_rules`: Whisper's token suppression and timestamp
+rules) edit the sampled rows' logits before sampling, reading each row's
+tokens so far; such a runner never overlaps steps, so those tokens are on the
+host.
+
 Speculative decoding (--num-speculative-tokens K above 0, `proposer` set; no
 overlap): after every step the worker proposes up to K drafts for each
 sampled row it can verify from each position's logits alone (greedy or
@@ -61,6 +71,7 @@ import numpy as np
 import torch
 
 from ..attention import AttentionBackend
+from ..attention.cross import CrossAttention, with_cross
 from ..lora import LoraBatch, LoraManager
 from ..model.decoder import DecoderModel
 from ..model.pooling import ChunkPooler, pooled_result
@@ -222,6 +233,13 @@ class StepRunner:
         self.slot_lora = np.zeros(0, np.int32)
         # Speculative decoding's draft proposer (None: --num-speculative-tokens 0, Step.spec refused).
         self.proposer: NgramProposer | DraftModelProposer | None = None
+        # An encoder-decoder model's cross attention (None: a decoder-only model), each slot's cross blocks and
+        # positions, and the requests added since the last forward whose cross K/V is still to be written.
+        self.cross: CrossAttention | None = None
+        self.cross_blocks: dict[int, tuple[np.ndarray, int]] = {}
+        self.cross_pending: dict[int, torch.Tensor] = {}
+        # Edits the sampled rows' logits from their tokens so far (a model's own generation rules), or None.
+        self.logits_rules = None
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -280,6 +298,8 @@ class StepRunner:
         replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
         if self.model is not None and len(inputs.input_ids_host) and inputs.input_ids_host.min() < 0:
             self._fill_from_device(inputs)
+        if self.cross_pending:
+            self._write_cross()
         t1 = time.perf_counter()
         logits = None
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
@@ -296,12 +316,17 @@ class StepRunner:
                 screened = self._screened(head_sampled, head_masks) if prompt is None else None
                 shares = 1
                 if self.cpu is not None:
-                    shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS)
+                    shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS,
+                                               layers_alone=self.cross is not None)
                 attention = self.attention.prepare(inputs.attention)
+                if self.cross is not None:
+                    attention = with_cross(attention, self._cross_plan(slots, inputs))
                 hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace, lora)
                 if screened is not None:
                     head_rows = (self.model.head_input(hidden, head_inputs.logits_indices), screened, shares)
                 elif head_sampled or spec is None:
+                    if self.cpu is not None and self.cross is not None:
+                        self.cpu.for_head()
                     logits = self.model.logits(hidden, head_inputs.logits_indices)
                 if spec is not None:
                     index = torch.from_numpy(spec.index).to(hidden.device)
@@ -322,6 +347,8 @@ class StepRunner:
             if head_rows is not None:
                 pending = PendingSample.ready(self._sample_screened(*head_rows, head_sampled, token_mask))
             else:
+                if self.logits_rules is not None and logits is not None and head_sampled:
+                    logits = self.logits_rules.apply(logits, [(st.token_ids, st.num_prompt_tokens) for st in head_sampled])
                 pending = self._sample(logits, head_sampled, head_inputs, token_mask)
         else:
             # Rank 0 samples (it alone has the logits and the grammar masks); here only its ids matter.
@@ -448,6 +475,8 @@ class StepRunner:
                 self.penalized.discard(req_id)
                 self.embeds.pop(state.slot, None)
                 self.mrope.pop(state.slot, None)
+                self.cross_blocks.pop(state.slot, None)
+                self.cross_pending.pop(state.slot, None)
                 if state.lora_id:
                     self._lora_user(state.lora_id, -1)
                     self.slot_lora[state.slot] = 0
@@ -471,9 +500,13 @@ class StepRunner:
                 raise ProtocolError(f"{where}.token_ids[{j}]", f"{int(tokens[j])} is outside the vocabulary [0, {self.vocab_size})")
             replaced = self._added_embeds(where, added) if added.embeds >= 0 else None
             rope = self._added_positions(where, added) if added.positions >= 0 else None
+            cross = self._added_cross(where, added) if added.encoder_states >= 0 or self.cross is not None else None
             if added.lora_id != 0:
                 self._check_lora_id(where, added.lora_id)
             slot = self.batch.add(tokens)
+            if cross is not None:
+                self.cross_blocks[slot] = (cross[1], cross[0].shape[0])
+                self.cross_pending[slot] = cross[0]
             if replaced is not None:
                 self.embeds[slot] = replaced
             if rope is not None:
@@ -821,6 +854,42 @@ class StepRunner:
             raise ProtocolError(f"{where}.positions", f"an int64 tensor [3, {n}] was expected, got {positions.dtype} {tuple(positions.shape)}")
         host = positions.cpu().numpy()
         return host, int(host.max(initial=-1)) + 1 - n
+
+    def _added_cross(self, where: str, added) -> tuple[torch.Tensor, np.ndarray]:
+        """An encoder-decoder request's encoder states [L, hidden] and its cross blocks (checked)."""
+        if self.cross is None or self.embeds_of is None:
+            raise ProtocolError(f"{where}.encoder_states", "this worker's model has no cross attention")
+        if added.encoder_states < 0:
+            raise ProtocolError(f"{where}.encoder_states", "this worker's model cross-attends an encoder output; none was given")
+        try:
+            states = self.embeds_of(added.encoder_states)
+        except KeyError:
+            raise ProtocolError(f"{where}.encoder_states", f"tensor handle {added.encoder_states} is not in this worker's store") from None
+        hidden = self.model.config.hidden_size if self.model is not None else None
+        if states.dim() != 2 or states.shape[0] == 0 or (hidden is not None and states.shape[1] != hidden):
+            raise ProtocolError(f"{where}.encoder_states", f"a tensor [positions, {hidden}] was expected, got {tuple(states.shape)}")
+        blocks = np.asarray(added.cross_block_ids, np.int64)
+        need = -(-states.shape[0] // self.block_size)
+        if len(blocks) != need:
+            raise ProtocolError(f"{where}.cross_block_ids", f"{len(blocks)} blocks for {states.shape[0]} positions (blocks of {self.block_size}: {need})")
+        bad = np.flatnonzero((blocks < 0) | (blocks >= self.num_blocks))
+        if bad.size:
+            raise ProtocolError(f"{where}.cross_block_ids[{int(bad[0])}]", f"block {int(blocks[bad[0]])} is outside [0, {self.num_blocks})")
+        return states, blocks
+
+    def _write_cross(self) -> None:
+        """The cross-attention K/V of the requests added since the last forward, every layer in one projection."""
+        slots = list(self.cross_pending)
+        states = [self.cross_pending[s] for s in slots]
+        cache_slots = [self.cross.slots(*self.cross_blocks[s]) for s in slots]
+        self.cross_pending.clear()
+        if self.model is not None:
+            self.model.write_cross(self.cross, states, cache_slots)
+
+    def _cross_plan(self, slots: np.ndarray, inputs: StepInputs):
+        tables = [self.cross_blocks[int(s)] for s in slots.tolist()]
+        lengths = np.fromiter((n for _, n in tables), np.int64, len(tables))
+        return self.cross.prepare([blocks for blocks, _ in tables], lengths, inputs.attention.query_start)
 
     def _rotary_positions(self, inputs: StepInputs) -> tuple[StepInputs, bool]:
         """The step's inputs with each multimodal-rotary token's positions: a prompt token's own (t, h, w),

@@ -50,7 +50,7 @@ def _prefixes(names: set[str]) -> tuple[str, str, str, str]:
 
 
 class LlavaGraphModel(VisionLanguageGraph):
-    vision_inputs = (PIXEL_VALUES,)
+    encoder_inputs = (PIXEL_VALUES,)
 
     def __init__(self, model_dir: str | Path) -> None:
         self.model_dir = Path(model_dir)
@@ -81,7 +81,7 @@ class LlavaGraphModel(VisionLanguageGraph):
 
         return KvDecoderLayout("text_config", rename, self.image_token_id)
 
-    def vision_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
+    def encoder_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
         return LlavaVision(
             reader,
             self.vision_prefix,

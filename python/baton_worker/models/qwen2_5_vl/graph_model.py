@@ -102,7 +102,7 @@ class QwenVision(NodeSubmodule):
 
 
 class Qwen25VLGraphModel(VisionLanguageGraph):
-    vision_inputs = (PIXEL_VALUES, IMAGE_GRID)
+    encoder_inputs = (PIXEL_VALUES, IMAGE_GRID)
     prefill_prompt_inputs = (POSITIONS,)
 
     def __init__(self, model_dir: str | Path) -> None:
@@ -131,7 +131,7 @@ class Qwen25VLGraphModel(VisionLanguageGraph):
 
         return KvDecoderLayout("text_config", rename, self.image_token_id)
 
-    def vision_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
+    def encoder_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
         return QwenVision(Qwen25VisionTower(reader.get, self.vision_prefix, self.vision_config), self.merge, dtype)
 
     def tokens_for_image(self, width: int, height: int) -> int:

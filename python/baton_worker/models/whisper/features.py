@@ -123,11 +123,20 @@ class LogMel:
         return batch
 
     @torch.inference_mode()
+    def whole(self, clip: np.ndarray) -> torch.Tensor:
+        """[feature_size, len(clip) // hop_length] for one clip of any length, unpadded: what transformers'
+        extractor gives long-form audio (truncation=False, padding="longest"), windows then sliced from it."""
+        wave = torch.from_numpy(np.ascontiguousarray(clip, dtype=np.float32))[None].to(self.device)
+        return self._log_mel(wave)[0]
+
+    @torch.inference_mode()
     def __call__(self, audio: Sequence[np.ndarray]) -> torch.Tensor:
         """Mono float32 clips at sampling_rate -> [batch, feature_size, nb_max_frames] float32 on device."""
         if not audio:
             return torch.zeros(0, self.feature_size, self.nb_max_frames, device=self.device)
-        waves = self.pad(audio).to(self.device)
+        return self._log_mel(self.pad(audio).to(self.device))
+
+    def _log_mel(self, waves: torch.Tensor) -> torch.Tensor:
         stft = torch.stft(waves, self.n_fft, self.hop_length, window=self.window, return_complex=True)
         power = (stft[..., :-1].abs() ** 2).contiguous()
         log = (self.filters @ power).clamp(min=1e-10).log10()
