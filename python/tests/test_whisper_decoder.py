@@ -332,6 +332,28 @@ def test_rules_equal_transformers_processors(model_dir, generation):
     assert rules.apply(alone, [rows[r] for r in none_rows]) is alone
 
 
+def test_rules_of_an_english_only_model(model_dir, generation):
+    """An English-only (.en) model's prompt is <|startoftranscript|> [<|notimestamps|>]: the rules key on that."""
+    english = {k: v for k, v in generation.items() if k not in ("lang_to_id", "task_to_id")} | {"is_multilingual": False}
+    gen_config = transformers.GenerationConfig(**english)
+    rules = WhisperLogitsRules(english, 51864)
+    rng = np.random.default_rng(2)
+    gen = torch.Generator().manual_seed(2)
+    rows, kinds = [], []
+    for r in range(60):
+        kind = "timestamps" if r % 2 == 0 else "plain"
+        prompt = [SOT] if kind == "timestamps" else [SOT, TIMESTAMP_BEGIN - 1]
+        rows.append((prompt + _history(rng, int(rng.integers(0, 20))), len(prompt)))
+        kinds.append(kind)
+    logits = torch.randn(len(rows), 51864, generator=gen) * 3.0
+    ours = rules.apply(logits, rows)
+    for r, ((tokens, num_prompt), kind) in enumerate(zip(rows, kinds)):
+        expected = logits[r : r + 1].clone()
+        for processor in _processors(gen_config, kind, num_prompt):
+            expected = processor(torch.tensor([tokens]), expected)
+        assert torch.equal(ours[r], expected[0]), f"row {r} ({kind})"
+
+
 # --- cross-attention alone ---
 
 

@@ -1,8 +1,9 @@
 """Whisper loaded as the worker loads it (load_worker on a random directory):
 the graph exports the encoder -> decoder graph with the decoder's input role
 encoder_states; the StepRunner refuses inconsistent cross-attention fields
-naming them; a request's cross K/V, written when it is added, gives the same
-tokens as a greedy loop over transformers' decoder."""
+naming them; a request's cross K/V, written when it is added, gives
+transformers' greedy tokens, with the CPU attention backend and with the
+Triton one a CUDA worker runs (in Triton's interpreter here)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,14 @@ def model_dir(tmp_path_factory) -> Path:
     return make_whisper_dir(tmp_path_factory.mktemp("whisper_steps"), seed=3, tokenizer_dir=TOKENIZER_DIR)
 
 
+def load(model_dir, backend: str):
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=400, attention_backend=backend)
+    return load_worker(opts)
+
+
 @pytest.fixture(scope="module")
 def worker(model_dir):
-    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=400)
-    return load_worker(opts)
+    return load(model_dir, "cpu")
 
 
 def i32(*v):
@@ -79,7 +84,12 @@ def test_cross_attention_fields_are_checked_by_name(worker):
         runner.execute(Step(1, [], i32(1), i32(), i32(), i32(), i32(), i32(), np.zeros(0, np.uint8)))
 
 
-def test_added_cross_kv_gives_transformers_greedy_tokens(worker, model_dir):
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_added_cross_kv_gives_transformers_greedy_tokens(model_dir, backend):
+    """Also with the Triton self-attention a CUDA worker runs (here in Triton's interpreter)."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    worker = load(model_dir, backend)
     runner = worker.runner
     store = worker.graph_runner.nodes.store
     model = transformers.WhisperForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()

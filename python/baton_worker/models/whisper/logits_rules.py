@@ -69,6 +69,10 @@ class WhisperLogitsRules:
         self.max_initial_timestamp_index = None if initial is None else int(initial)
         self.from_logprob = bool(g.get("_detect_timestamp_from_logprob", True))
         self.task_ids = frozenset(_ids(list((g.get("task_to_id") or {}).values())))
+        # An English-only model's prompt has no language or task: <|startoftranscript|> alone asks for timestamps.
+        start = g.get("decoder_start_token_id")
+        english_only = not g.get("is_multilingual", bool(self.task_ids))
+        self.timestamps_after_start = None if start is None or not english_only else int(start)
         self._devices: dict[torch.device, tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]] = {}
 
     @classmethod
@@ -95,7 +99,7 @@ class WhisperLogitsRules:
         if num_prompt < 1:
             return NONE
         last = int(tokens[num_prompt - 1])
-        if last in self.task_ids and self.timestamp_begin is not None:
+        if (last in self.task_ids or last == self.timestamps_after_start) and self.timestamp_begin is not None:
             return TIMESTAMPS
         if last in self.task_ids or (self.no_timestamps is not None and last == self.no_timestamps):
             return PLAIN
