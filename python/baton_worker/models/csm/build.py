@@ -14,22 +14,27 @@ samples a frame, 12.5 frames a second, so CsmProcessor's hard-coded frame
 count holds) and small channels, 8 quantizers (1 semantic + 7 acoustic).
 
 Weights come from transformers' classes and are re-drawn from one seeded
-generator: projections std 1/sqrt(fan_in), norms 1 +- 0.1, codebook rows
-1/sqrt(8) so a frame's summed embedding has unit scale; the backbone's and
-the depth decoder's codebook tables hold the same values, as the converted
-checkpoint does (transformers keeps them as two weights). Plain draws never
-end a generation: it stops on a frame whose codebooks 0..K-2 are all 0, which
-random heads pick with odds 1/2048 each. So code 0 is made the end-of-stream
-code it is in the real model: the rows of code 0 in the codebook tables are a
-large vector along one direction u, and every depth-decoder head scores code 0
-by u's image at its input, so a frame whose code 0 is 0 continues with
-zeros (an all-zero frame); and the backbone's head row for code 0 is
-scaled up (_EOS_GAIN) so codebook 0 picks 0 now and then: greedy generation
-runs a few seconds (tens of frames) and stops at a frame that depends on the
-input. Ids 2048-2050 never occur in codes (their head rows are zero, so they
-score 0 against a maximum of ~3 sigma), so every generated frame decodes with
-the codec. The codec's quantizer centroids are drawn too (transformers
-starts them at zero, which would encode any audio as code 0).
+generator: projections std 1/sqrt(fan_in), norms 1 +- 0.1, text embeddings
+std 1, codebook rows 1/sqrt(8) so a frame's summed embedding has unit scale;
+the codec's quantizer centroids too (transformers starts them at zero, which
+encodes any audio as code 0). The backbone's and the depth decoder's codebook
+tables hold the same values, as the converted checkpoint does (transformers
+keeps them as two weights).
+
+Generation stops on a frame whose codebooks 0..K-2 are all 0, which random
+heads pick with odds 1/2048 each, so plain draws always run to the limit.
+Three directions are set aside to end it as a trained model would, after
+about three frames per prompt token (a 10-token prompt: ~2 s), at a frame that
+depends on the text, the speaker and the context: (1) text embeddings and
+frame embeddings sit at opposite offsets along one direction, and a
+first-layer head with zero queries averages that over the whole sequence (the
+audio share); it alone writes along a second direction, which the codebook-0
+head reads as code 0's score: code 0 is ruled out early and wins once the
+share passes a threshold; (2) code 0's rows in the codebook tables are long
+vectors along a third direction, and every depth head scores code 0 by its
+image, so a frame whose codebook 0 is 0 continues with zeros (greedy, and
+sampled at csm-1b's settings in most frames). Ids 2048-2050 score 0 in every
+head (never picked), so every frame decodes with the codec.
 
 Files are those of sesame/csm-1b: config.json, model.safetensors,
 generation_config.json with csm-1b's defaults (sampling at temperature 0.9,
@@ -90,11 +95,17 @@ GENERATION_DEFAULTS = {
     "depth_decoder_temperature": 0.9,
 }
 
-# End-of-stream shaping (see the module docstring): the length of code 0's rows in the codebook
-# tables, the gain of the depth heads' code-0 column along them, and the backbone's code-0 row gain.
+# How long greedy generation runs (see the module docstring): the audio-share signal (text's and a
+# frame's component along its direction, the counting head's output gain, the codebook-0 head's gain on
+# it, what is left of that head's random code-0 row) and the end-of-stream chain (code 0's row length
+# in the codebook tables, the depth heads' code-0 gain relative to their other columns).
+_LENGTH_TEXT = -4.0
+_LENGTH_FRAME = 2.0
+_LENGTH_GAIN = 1.0
+_LENGTH_HEAD = 10.0
+_CODE0_NOISE = 0.3
 _EOS_EMBED = 60.0
 _EOS_HEAD = 1.25
-_EOS_GAIN = 1.6
 
 # The processor's chat template, as sesame/csm-1b ships it: roles are speaker ids; every turn but the
 # last carries its text and its audio; the last carries text only (the turn to speak).
@@ -200,7 +211,7 @@ def csm_config():
 
 def _redraw(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
-    K, V = NUM_CODEBOOKS, CODEBOOK_SIZE
+    K = NUM_CODEBOOKS
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=g)
@@ -222,29 +233,51 @@ def _redraw(model: torch.nn.Module, seed: int) -> None:
             if name.endswith("codebook.embed_sum"):  # centroids (cluster_usage stays 1)
                 buf.copy_(torch.randn(buf.shape, generator=g))
 
-        # One table, as in the converted checkpoint.
-        table = model.backbone_model.embed_tokens.embed_audio_tokens.weight
-        # End of stream: code 0 of every codebook is a long vector along u ...
-        u = torch.randn(HIDDEN, generator=g)
-        u /= u.norm()
-        zero_rows = torch.arange(K) * V
-        table[zero_rows] = _EOS_EMBED * u + table[zero_rows] * 0.1
-        # ... ids the codec lacks are never scored above the codes (zero rows score 0 against ~3 sigma).
-        for k in range(K):
-            table[k * V + CODEC_CODES : (k + 1) * V] = 0.0
-        model.depth_decoder.model.embed_tokens.weight.copy_(table)
-        # ... every depth head reads u's image (projector, then the final norm's gains) as code 0's score ...
-        depth = model.depth_decoder
-        direction = depth.model.inputs_embeds_projector.weight @ u
-        direction = direction / direction.norm() * depth.model.norm.weight
-        direction = direction / direction.norm()
-        heads = depth.codebooks_head.weight  # [K-1, hidden, V]
-        col_scale = heads[:, :, 1:CODEC_CODES].norm(dim=1).mean()
-        heads[:, :, 0] = _EOS_HEAD * col_scale * direction
-        heads[:, :, CODEC_CODES:] = 0.0
-        # ... and the backbone's codebook-0 head favours code 0 a little.
-        model.lm_head.weight[0] *= _EOS_GAIN
-        model.lm_head.weight[CODEC_CODES:] = 0.0
+        _shape_generation_length(model, g)
+
+
+def _shape_generation_length(model: torch.nn.Module, g: torch.Generator) -> None:
+    """Makes code 0 the end of stream it is in csm-1b, reached after about three frames per prompt token."""
+    K, V = NUM_CODEBOOKS, CODEBOOK_SIZE
+    backbone, depth = model.backbone_model, model.depth_decoder
+    table = backbone.embed_tokens.embed_audio_tokens.weight
+    text = model.embed_text_tokens.weight
+    a, b, u = torch.linalg.qr(torch.randn(HIDDEN, 3, generator=g))[0].T  # orthonormal directions
+
+    # The audio share: text and frames sit at fixed, opposite offsets along a; query head 0 of the
+    # first layer has zero queries, so it averages its value (the a offset) over the whole prefix;
+    # its output goes along b, which nothing else writes, and lm_head's code-0 row reads b.
+    text += (_LENGTH_TEXT - text @ a)[:, None] * a
+    table += (_LENGTH_FRAME / K - table @ a)[:, None] * a  # a frame sums K rows
+    text -= (text @ b)[:, None] * b
+    table -= (table @ b)[:, None] * b
+    for block in backbone.layers:
+        for out in (block.self_attn.o_proj.weight, block.mlp.down_proj.weight):
+            out -= b[:, None] * (b @ out)[None, :]
+    first = backbone.layers[0]
+    head_dim = model.config.head_dim
+    first.self_attn.q_proj.weight[:head_dim] = 0.0
+    first.self_attn.v_proj.weight[0] = a / first.input_layernorm.weight  # key/value head 0, channel 0
+    first.self_attn.o_proj.weight[:, 0] = _LENGTH_GAIN * b
+    model.lm_head.weight[0] = _CODE0_NOISE * model.lm_head.weight[0] + _LENGTH_HEAD * b / backbone.norm.weight
+
+    # The all-zero frame: code 0's rows are long vectors along u, and every depth head scores code 0
+    # by u's image at its output (through the projector and the final norm's gains), so once codebook
+    # 0 is 0 the depth decoder continues with zeros, greedy or sampled at csm-1b's settings.
+    zero_rows = torch.arange(K) * V
+    table[zero_rows] = _EOS_EMBED * u + 0.1 * table[zero_rows]
+    image = depth.model.inputs_embeds_projector.weight @ u
+    image = image / image.norm() * depth.model.norm.weight
+    heads = depth.codebooks_head.weight  # [K-1, hidden, V]
+    heads[:, :, 0] = _EOS_HEAD * heads[:, :, 1:CODEC_CODES].norm(dim=1).mean() * image / image.norm()
+
+    # Ids the codec lacks (2048-2050) score 0 against a maximum near 3 sigma: never picked.
+    for k in range(K):
+        table[k * V + CODEC_CODES : (k + 1) * V] = 0.0
+    heads[:, :, CODEC_CODES:] = 0.0
+    model.lm_head.weight[CODEC_CODES:] = 0.0
+    # One table, as in the converted checkpoint.
+    depth.model.embed_tokens.weight.copy_(table)
 
 
 def _llama32_special(token_id: int, name: str) -> str:
@@ -276,7 +309,7 @@ def _write_tokenizer(out: Path, tokenizer_dir: Path) -> None:
         pair=f"{bos}:0 $A:0 {eos}:0 {bos}:1 $B:1 {eos}:1",
         special_tokens=[(bos, BOS_TOKEN_ID), (eos, EOS_TOKEN_ID)],
     )
-    tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer.save(str(out / "tokenizer.json"), pretty=False)
     added = {
         str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
         for t in data["added_tokens"]
@@ -296,15 +329,21 @@ def _write_tokenizer(out: Path, tokenizer_dir: Path) -> None:
 
 
 def _write_processor(out: Path) -> None:
-    """processor files (chat template, preprocessor_config.json) through CsmProcessor itself."""
+    """The chat template (through CsmProcessor itself) and preprocessor_config.json (kyutai/mimi's feature extractor)."""
     from transformers import CsmProcessor, EncodecFeatureExtractor, PreTrainedTokenizerFast
 
-    saved = {name: (out / name).read_text() for name in ("tokenizer.json", "tokenizer_config.json")}
+    saved = {name: (out / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
     feature_extractor = EncodecFeatureExtractor(feature_size=1, sampling_rate=24000, padding_value=0.0)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
     CsmProcessor(feature_extractor=feature_extractor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE).save_pretrained(out)
-    for name, text in saved.items():  # the processor re-saves the tokenizer in its own way: keep ours
-        (out / name).write_text(text)
+    # csm-1b's layout: the feature extractor in preprocessor_config.json, no processor_config.json; the
+    # processor re-saves the tokenizer in its own way, so ours goes back.
+    (out / "processor_config.json").unlink(missing_ok=True)
+    preprocessor = feature_extractor.to_dict()
+    preprocessor["processor_class"] = "CsmProcessor"
+    (out / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2, sort_keys=True) + "\n")
+    for name, data in saved.items():
+        (out / name).write_bytes(data)
 
 
 def make_csm_dir(out: Path, seed: int = 0, tokenizer_dir: Path | None = None) -> Path:

@@ -39,6 +39,15 @@ import torch
 import torch.nn.functional as F
 
 
+def _rope_parameters(config: dict) -> dict:
+    """rope_parameters (transformers 5), or rope_theta + rope_scaling as csm-1b's own config.json has them."""
+    if config.get("rope_parameters"):
+        return config["rope_parameters"]
+    scaling = dict(config.get("rope_scaling") or {})
+    scaling.setdefault("rope_type", scaling.pop("type", "default"))
+    return {**scaling, "rope_theta": config.get("rope_theta", 10000.0)}
+
+
 def _llama3_inv_freq(rope: dict, head_dim: int) -> torch.Tensor:
     """The inverse frequencies of transformers' llama3 RoPE (long wavelengths divided by `factor`, a smooth band between)."""
     base = rope["rope_theta"]
@@ -82,7 +91,7 @@ class _Llama:
         self.head_dim = config.get("head_dim") or config["hidden_size"] // self.heads
         self.eps = config["rms_norm_eps"]
         self.dtype = dtype
-        self.inv_freq = _llama3_inv_freq(config["rope_parameters"], self.head_dim)
+        self.inv_freq = _llama3_inv_freq(_rope_parameters(config), self.head_dim)
         self.reset()
 
     def reset(self) -> None:
