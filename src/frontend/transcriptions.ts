@@ -147,15 +147,11 @@ class WindowRequest implements SessionOwner {
     }
   }
 
-  cancel(): void {
+  /** Ends the request with this error (aborting it in the engine unless the engine is done with it). */
+  fail(error: ApiError): void {
     if (this.done) return;
     this.done = true;
     this.ctx.sessions.end(this, this.engineDone);
-  }
-
-  fail(error: ApiError): void {
-    if (this.done) return;
-    this.cancel();
     this.settle(error);
   }
 
@@ -278,9 +274,10 @@ class TranscriptionRun {
     });
   }
 
+  /** The client left: the window in flight is aborted in the engine, and the run ends with a 499 nobody reads. */
   close(): void {
     this.closed = true;
-    this.current?.cancel();
+    this.current?.fail(new ApiError(499, "client disconnected", "invalid_request_error"));
   }
 
   collect(): Promise<Transcription> {
@@ -298,6 +295,7 @@ class TranscriptionRun {
         open().done();
       },
       (error: ApiError) => {
+        if (this.reply.raw.destroyed) return;
         if (sse === null && !this.reply.raw.headersSent) {
           this.reply.raw.writeHead(error.status, { "content-type": "application/json; charset=utf-8" });
           this.reply.raw.end(JSON.stringify(error.toBody()));
