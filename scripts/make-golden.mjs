@@ -23,7 +23,8 @@ const LLM_GRAPH = {
       "engine": "kv_cache",
       "overlap": true,
       "stop_token_ids": [],
-      "kv_inputs": ["embeds", "positions"]
+      "kv_inputs": ["embeds", "positions"],
+      "frame_width": 0
     }
   ],
   "sections": [
@@ -496,6 +497,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },
   // KV connector: one load written into the cache (131072 bytes), one failed with its reason.
@@ -527,6 +529,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },  // LoRA: the step's second load refused, with its one line.
   result_lora: {
@@ -557,6 +560,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },  // Speculative decoding: row 0 accepted two of its three drafts and sampled 40 after them; new proposals for row 0.
   result_spec: {
@@ -587,6 +591,7 @@ const vectors = {
       token_counts: [3, 1],
       draft_counts: [2, 0],
       draft_ids: [41, 42],
+      frames: null,
     },
   },
   // Logprobs for both rows, top-2 for the first and none for the second.
@@ -618,6 +623,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },
   // Prompt logprobs: row 10 (k = 2) covers two prompt positions, row 11 none;
@@ -650,6 +656,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },
   // The answer to step_graph: the prompt's token ids, one pass's audio bytes, one failed pass.
@@ -684,6 +691,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },
   // Two rows of a pooling step ended their prompts: their 4-dimensional vectors, in row order.
@@ -715,6 +723,7 @@ const vectors = {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
     },
   },
   pong: { message: "Pong", value: { nonce: 123456 } },

@@ -127,6 +127,9 @@ const DEMOS = [
   // `baton serve models/demo-whisper`: a random-weight Whisper, GPT-2's tokenizer with Whisper's tokens.
   { stamp: "demoWhisper", dir: "demo-whisper", module: "baton_worker.models.whisper.build", files: ["python/baton_worker/models/whisper/build.py"],
     outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-gpt2" },
+  // `baton serve models/demo-csm`: a random-weight CSM (backbone, depth decoder, Mimi) with Llama 3's tokenizer.
+  { stamp: "demoCsm", dir: "demo-csm", module: "baton_worker.models.csm.build", files: ["python/baton_worker/models/csm/build.py"],
+    outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-llama3" },
 ];
 
 function demoFiles(demo) {

@@ -15,7 +15,7 @@ import numpy as np
 
 __all__ = ["PROTOCOL_VERSION", "SamplingParams", "AddedRequest", "StepTimings", "WireValue", "NamedValues", "ChunkPosition", "NodePass", "PassBatch", "PromptRequest", "PromptResult", "ClientChunk", "KvTransfer", "PassResult", "GraphWork", "PoolingInfo", "KvWork", "LoraLoad", "LoraWork", "SpecWork", "Step", "StepMask", "Ping", "Shutdown", "Ready", "StepResult", "Pong", "Fatal", "STRUCT_CLASSES", "MESSAGE_CLASSES"]
 
-PROTOCOL_VERSION = 16
+PROTOCOL_VERSION = 17
 
 
 @dataclass
@@ -48,7 +48,7 @@ class SamplingParams:
 class AddedRequest:
     """prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
 
-    embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
+    embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model. A frame model (CSM) takes its prompt this way instead: an int64 tensor [num_prompt_tokens, width + 1], each position's frame (the codebook ids, then a text id), and later positions are the frames it sampled.
 
     positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta).
 
@@ -309,7 +309,9 @@ class StepResult:
 
     prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request.
 
-    token_counts (nil: one token per sampled row): how many of token_ids each sampled row appended, in row order (a row with drafts: its accepted drafts plus one). draft_counts / draft_ids (nil: no proposals): the worker's proposals (speculative decoding, --speculative-config) for each sampled row's next step, draft_counts[i] ids each, in row order; the engine may schedule fewer."""
+    token_counts (nil: one token per sampled row): how many of token_ids each sampled row appended, in row order (a row with drafts: its accepted drafts plus one). draft_counts / draft_ids (nil: no proposals): the worker's proposals (speculative decoding, --speculative-config) for each sampled row's next step, draft_counts[i] ids each, in row order; the engine may schedule fewer.
+
+    frames (nil: none): a frame model's (CSM's) whole frame for each sampled row, width ids a row, in row order (width = len(frames) / len(token_ids)); token_ids then holds what the engine counts and stops on: codebook 0, or the stop id for a stop frame."""
 
     step_id: int
     req_ids: np.ndarray
@@ -336,6 +338,7 @@ class StepResult:
     token_counts: np.ndarray | None = None
     draft_counts: np.ndarray | None = None
     draft_ids: np.ndarray | None = None
+    frames: np.ndarray | None = None
 
 
 @dataclass
@@ -581,6 +584,7 @@ MESSAGE_SPECS: dict[str, tuple[str, str, tuple[FieldSpec, ...]]] = {
             ("token_counts", "i32[]", True, None),
             ("draft_counts", "i32[]", True, None),
             ("draft_ids", "i32[]", True, None),
+            ("frames", "i32[]", True, None),
         ),
     ),
     "Pong": (

@@ -114,7 +114,7 @@ def test_llm_graph_exports_one_kv_node_with_prefill_and_decode():
     graph = export_graph(LLMGraphModel(max_model_len=4096))
     assert graph == {
         "version": 1,
-        "nodes": [{"name": "llm", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"]}],
+        "nodes": [{"name": "llm", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"], "frame_width": 0}],
         "sections": [
             {
                 "kind": "node",
@@ -257,8 +257,8 @@ def test_orpheus_like_tts_exports_partitions_streaming_edges_and_policy():
     assert graph == {
         "version": 1,
         "nodes": [
-            {"name": "llm", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"]},
-            {"name": "codec", "engine": "stateless", "overlap": True, "stop_token_ids": [], "kv_inputs": []},
+            {"name": "llm", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"], "frame_width": 0},
+            {"name": "codec", "engine": "stateless", "overlap": True, "stop_token_ids": [], "kv_inputs": [], "frame_width": 0},
         ],
         "sections": [
             node_row("llm", ["text_inputs"], [edge("", "new_token", persist=True, new_token=True), stream]),
@@ -404,11 +404,11 @@ def test_bagel_like_cfg_loop_with_parallel_branches_exports_flat_sections():
     graph = export_graph(BagelLike())
     feedback = [edge(d, n) for d in (*BRANCHES, "combine_cfg") for n in ("latents", "time_index")]
     assert graph["nodes"] == [
-        {"name": "LLM", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"]},
-        {"name": "LLM_cfg_text", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"]},
-        {"name": "LLM_cfg_img", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"]},
-        {"name": "combine_cfg", "engine": "stateless", "overlap": False, "stop_token_ids": [], "kv_inputs": []},
-        {"name": "vae_decoder", "engine": "stateless", "overlap": True, "stop_token_ids": [], "kv_inputs": []},
+        {"name": "LLM", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"], "frame_width": 0},
+        {"name": "LLM_cfg_text", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"], "frame_width": 0},
+        {"name": "LLM_cfg_img", "engine": "kv_cache", "overlap": True, "stop_token_ids": [], "kv_inputs": ["embeds", "positions"], "frame_width": 0},
+        {"name": "combine_cfg", "engine": "stateless", "overlap": False, "stop_token_ids": [], "kv_inputs": [], "frame_width": 0},
+        {"name": "vae_decoder", "engine": "stateless", "overlap": True, "stop_token_ids": [], "kv_inputs": [], "frame_width": 0},
     ]
     assert graph["sections"] == [
         group_row("sequential", [1, 8]),
@@ -452,8 +452,8 @@ def test_vjepa_like_rollout_exports_accumulated_outputs_and_default_transitions(
     assert graph == {
         "version": 1,
         "nodes": [
-            {"name": "encoder", "engine": "stateless", "overlap": True, "stop_token_ids": [], "kv_inputs": []},
-            {"name": "predictor", "engine": "stateless", "overlap": False, "stop_token_ids": [], "kv_inputs": []},
+            {"name": "encoder", "engine": "stateless", "overlap": True, "stop_token_ids": [], "kv_inputs": [], "frame_width": 0},
+            {"name": "predictor", "engine": "stateless", "overlap": False, "stop_token_ids": [], "kv_inputs": [], "frame_width": 0},
         ],
         "sections": [
             group_row("sequential", [1, 2]),

@@ -320,6 +320,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
           engine,
           outputModalities,
           imageGeneration: info.imageGeneration,
+          voicePrompting: info.architectures[0] === "CsmForConditionalGeneration",
           onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
         }
       : null,

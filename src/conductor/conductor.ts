@@ -282,18 +282,19 @@ export class Conductor {
    * flight (every output edge of the node carries the token). A finish reason
    * (EOS, stop id, max tokens) stops the loop that pass is in at this iteration;
    * outside any loop it ends the partition with its walk. Tokens after a stop are
-   * discarded.
+   * discarded. A frame model's token comes with its whole frame, which is
+   * then what the outputs carry.
    */
-  kvToken(requestId: RequestId, node: CompiledNode, tokenId: number, finish: string | null): void {
+  kvToken(requestId: RequestId, node: CompiledNode, tokenId: number, finish: string | null, frame: Int32Array | null = null): void {
     this.enter();
     try {
       const req = this.requests.get(requestId);
       if (req === undefined || req.kvRunning[node.id] === 0) return;
-      if (finish === null && this.carriedIteration(req, node, tokenId)) return;
+      if (finish === null && frame === null && this.carriedIteration(req, node, tokenId)) return;
       const wn = this.takeKvPass(req, node, finish);
       if (wn === null) return;
       const outputs = this.kvOutputScratch[wn.id]!;
-      const values: Values = [{ kind: "tokens", ids: Int32Array.of(tokenId) }];
+      const values: Values = [{ kind: "tokens", ids: frame ?? Int32Array.of(tokenId) }];
       for (let o = 0; o < outputs.length; o++) outputs[o] = values;
       this.completeWalkNode(req, wn, outputs, this.plainMeta[wn.id]!);
     } finally {

@@ -54,6 +54,10 @@ export interface GraphRequest {
   arrivalMs: number;
   /** Partitions that do not run for this request. */
   inactivePartitions?: string[];
+  /** 53-bit hash of what the prompt holds beside its text (a voice prompt's reference audio): EngineRequest.inputHash. */
+  inputHash?: number;
+  /** process_prompt's kwargs beside modelKwargs that no pass needs (a voice prompt's audio bytes). */
+  promptKwargs?: Record<string, unknown>;
 }
 
 export type GraphEvent =
@@ -339,6 +343,7 @@ export class GraphEngine implements LaneListener {
     }
     const stop: StopConditions = { ...DEFAULT_STOP, maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER };
     const engineRequest: EngineRequest = { id: req.id, promptIds: [], sampling: req.sampling, stop, priority: req.priority, arrivalMs: req.arrivalMs };
+    if (req.inputHash !== undefined) engineRequest.inputHash = req.inputHash;
     const live = this.track(req.id, false, onEvent, engineRequest, req.modelKwargs);
     const inactive = req.inactivePartitions ?? [];
     const values = req.values;
@@ -357,7 +362,7 @@ export class GraphEngine implements LaneListener {
         prompt: prompt.text,
         input_modalities: prompt.inputModalities,
         output_modalities: prompt.outputModalities,
-        kwargs: req.modelKwargs,
+        kwargs: req.promptKwargs === undefined ? req.modelKwargs : { ...req.modelKwargs, ...req.promptKwargs },
         publish: this.publish.prompts,
       });
     });
@@ -579,7 +584,7 @@ export class GraphEngine implements LaneListener {
     const engineRequest: EngineRequest =
       req.text
         ? base
-        : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] } };
+        : { ...base, promptIds: ids, stop: { ...base.stop, maxTokens: cap, eosTokenIds: [...node.stopTokenIds] }, ...(node.frameWidth > 0 ? { frameWidth: node.frameWidth } : {}) };
     try {
       core.submit(engineRequest);
     } catch (error) {
@@ -671,9 +676,12 @@ export class GraphEngine implements LaneListener {
 
   private kvTokens(node: CompiledNode, out: RequestOutput): void {
     const n = out.newTokenIds.length;
+    const frames = out.frames;
+    const width = frames === undefined ? 0 : frames.length / n;
     for (let i = 0; i < n; i++) {
       const finish = i === n - 1 && out.finished ? out.finishReason : null;
-      this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish);
+      const frame = frames === undefined ? null : frames.subarray(i * width, (i + 1) * width);
+      this.conductor.kvToken(out.requestId, node, out.newTokenIds[i]!, finish, frame);
     }
   }
 

@@ -173,7 +173,7 @@ export class BlockManager implements KVCacheManager {
 
   commitComputed(request: Request, numComputedTokens: number): void {
     if (!this.enablePrefixCaching) return;
-    const numFull = Math.min(Math.floor(numComputedTokens / this.blockSize), request.blockIds.length);
+    const numFull = Math.min(Math.floor(Math.min(numComputedTokens, request.numCacheableTokens) / this.blockSize), request.blockIds.length);
     if (numFull <= request.numCommittedBlocks) return;
     extendBlockHashes(request.blockHashes, request.tokenIds, this.blockSize, numFull, request.media, request.rootHash);
     for (let i = request.numCommittedBlocks; i < numFull; i++) {

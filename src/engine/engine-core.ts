@@ -603,6 +603,9 @@ export class EngineCore {
     const outputs = this.outputs;
     const counts = result.token_counts;
     const drafts = result.draft_counts === null ? null : new DraftReader(result.draft_counts, result.draft_ids);
+    // A frame model: each sampled row's whole frame beside its token (no drafts then).
+    const frames = result.frames;
+    const frameWidth = frames === null ? 0 : frames.length / Math.max(result.token_ids.length, 1);
     let k = 0;
     let t = 0;
     let topAt = 0;
@@ -630,13 +633,15 @@ export class EngineCore {
       if (request.firstTokenMs < 0) request.firstTokenMs = now;
       request.lastTokenMs = now;
       const stop = checkStop(request, this.maxLen);
-      if (stop === null && logprob === null && !request.needsPromptLogprobs) {
+      const frame = frames === null ? null : frames.subarray((k - 1) * frameWidth, k * frameWidth);
+      if (stop === null && logprob === null && frame === null && !request.needsPromptLogprobs) {
         outputs.addToken(request.id, token, Math.max(request.numCachedTokens, 0));
         continue;
       }
       // A producer ending on length keeps its blocks for the KV transfer (released by the owner).
       if (stop !== null) this.finish(request, stop.reason === "length" && request.kvTransfer?.role === "producer");
       const output = outputOf(request, token, logprob, stop);
+      if (frame !== null) output.frames = frame.slice();
       if (request.promptLogprobs >= 0 && !request.promptLogprobsSent) {
         request.promptLogprobsSent = true;
         output.promptLogprobs = request.promptLogprobEntries;

@@ -60,7 +60,7 @@ export class EngineOutputs implements OutputBatch {
 
   add(output: RequestOutput): void {
     const ids = output.newTokenIds;
-    if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && output.promptInfo === undefined && !output.finished && output.error === null) {
+    if (ids.length === 1 && output.logprobs === null && output.promptLogprobs === undefined && output.promptInfo === undefined && output.frames === undefined && !output.finished && output.error === null) {
       this.addToken(output.requestId, ids[0] as number, output.numCachedTokens);
     } else this.rich.push(output);
   }

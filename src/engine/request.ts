@@ -102,6 +102,8 @@ export class Request {
   readonly loraId: number;
   /** Parent hash of its first block: the adapter's own (block-hash.ts rootHashOf). */
   readonly rootHash: number;
+  /** A frame model's frame width (EngineRequest.frameWidth); 0: a token model. */
+  readonly frameWidth: number;
 
   constructor(req: EngineRequest) {
     this.id = req.id;
@@ -129,7 +131,13 @@ export class Request {
     this.kvLoad = this.kvTransfer?.role === "consumer" ? "pending" : "none";
     this.pooling = req.pooling ?? null;
     this.loraId = req.loraId ?? 0;
-    this.rootHash = rootHashOf(this.loraId, req.media?.audio?.hash ?? 0);
+    this.rootHash = rootHashOf(this.loraId, req.inputHash || (req.media?.audio?.hash ?? 0));
+    this.frameWidth = req.frameWidth ?? 0;
+  }
+
+  /** Tokens whose full blocks the prefix cache may keep: a frame model's outputs are more than their token ids, so its prompt only. */
+  get numCacheableTokens(): number {
+    return this.frameWidth > 0 ? this.numPromptTokens : Number.MAX_SAFE_INTEGER;
   }
 
   /** Whether prefix-cache hits may serve its prompt: not while it needs prompt logprobs, nor for pooling that reads every position. */

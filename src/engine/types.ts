@@ -69,6 +69,18 @@ export interface EngineRequest {
   encoderStatesHandle?: number;
   numCrossTokens?: number;
   /**
+   * A frame model's request (CSM): every sampled position is a frame of this
+   * many ids (StepResult.frames), of which the token is codebook 0 only, so
+   * blocks past the prompt are never cached; absent or 0: a token model.
+   */
+  frameWidth?: number;
+  /**
+   * 53-bit hash of prompt inputs the token ids do not show (a voice prompt's
+   * reference audio): the root of every block hash, as an audio prompt's own
+   * hash is; absent or 0: none.
+   */
+  inputHash?: number;
+  /**
    * A pooling model's request (an embedding): prefill only, no token is
    * sampled; its one output carries the prompt's pooled vector. Set exactly
    * when the worker is a pooling model (poolingTraits of its Ready.pooling).
@@ -177,6 +189,8 @@ export interface RequestOutput {
    * decoded sample count). Absent on every other output.
    */
   promptInfo?: Record<string, number[]>;
+  /** A frame model's output: the frame of each of newTokenIds, flattened (EngineRequest.frameWidth ids each). */
+  frames?: Int32Array;
 }
 
 export type OutputCallback = (output: RequestOutput) => void;

@@ -21,6 +21,7 @@ import type { RequestSessions, SessionOwner } from "./request-session.js";
 import { parseImageRequest, parseSpeechRequest } from "./request-validation.js";
 import type { ImageGenerationSpec } from "../config/model-dir.js";
 import { randomInt } from "node:crypto";
+import { mediaHash } from "./media.js";
 
 /** The engine's graph side, as the server builds the sessions over it. */
 export interface GraphEngineHandle {
@@ -37,6 +38,8 @@ export interface GraphEndpointsOptions {
   onFirstAudio?: (seconds: number) => void;
   /** An image model's request bounds (config.json image_generation); null: /v1/images/generations answers 400. */
   imageGeneration?: ImageGenerationSpec | null;
+  /** The model speaks in the voice of reference clips sent to /generate as files (CSM's context utterances). */
+  voicePrompting?: boolean;
 }
 
 /** When a model's chunks do not say (24 kHz, as OpenAI's speech). */
@@ -323,13 +326,42 @@ function samplingFromKwargs(kwargs: Record<string, unknown>): { sampling: Sampli
   };
 }
 
+/** Reference clips a request may send (each with its transcript). */
+const MAX_VOICE_PROMPT_CLIPS = 8;
+
+/**
+ * A voice prompt: every file of the form is a reference clip, said before the
+ * request's text; model_kwargs.context_text gives their transcripts (a string
+ * for one clip, else a list, one each) and context_voice, optionally, their
+ * speakers. Taken out of the model kwargs: only process_prompt reads them.
+ */
+function readVoicePrompt(form: MultipartForm): { kwargs: Record<string, unknown>; hash: number } {
+  if (form.files.length > MAX_VOICE_PROMPT_CLIPS) throw badRequest(`at most ${MAX_VOICE_PROMPT_CLIPS} reference clips`, "files");
+  const { context_text: text, context_voice: voice, ...rest } = form.modelKwargs;
+  const texts = typeof text === "string" ? [text] : text;
+  if (!Array.isArray(texts) || texts.length !== form.files.length || !texts.every((t) => typeof t === "string" && t !== "")) {
+    throw badRequest(`model_kwargs.context_text must give each of the ${form.files.length} reference clip(s) its transcript (a string, or a list of strings)`, "model_kwargs.context_text");
+  }
+  const voices = voice === undefined || voice === null ? [] : typeof voice === "string" ? [voice] : voice;
+  if (!Array.isArray(voices) || voices.length > form.files.length || !voices.every((v) => typeof v === "string" && v !== "")) {
+    throw badRequest("model_kwargs.context_voice must be a speaker, or a list of speakers, one per reference clip", "model_kwargs.context_voice");
+  }
+  form.modelKwargs = rest;
+  for (const [i, f] of form.files.entries()) if (f.data.length === 0) throw badRequest(`files[${i}] is empty`, `files[${i}]`);
+  return {
+    kwargs: { context_audio: form.files.map((f) => new Uint8Array(f.data)), context_text: texts, context_voice: voices },
+    hash: mediaHash(Buffer.concat(form.files.map((f) => f.data)), ...form.files.map((f) => f.data.length)),
+  };
+}
+
 /** POST /generate with a multipart body (M*'s client form). */
 export async function handleMultipartGenerate(options: GraphEndpointsOptions, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const unavailable = options.unavailableReason();
   if (unavailable !== null) throw serviceUnavailable(unavailable);
   const form = await readForm(request);
-  if (form.files.length > 0) throw badRequest("this model takes no files (input modalities: text)", "files");
+  if (form.files.length > 0 && options.voicePrompting !== true) throw badRequest("this model takes no files (input modalities: text)", "files");
   if (form.text === null) throw badRequest("the form needs a text field", "text");
+  const voicePrompt = form.files.length > 0 ? readVoicePrompt(form) : null;
   const inputModalities = form.inputModalities ?? ["text"];
   const outputModalities = form.outputModalities ?? [...options.outputModalities];
   for (const m of outputModalities) {
@@ -349,6 +381,7 @@ export async function handleMultipartGenerate(options: GraphEndpointsOptions, re
     maxTokens,
     priority: 0,
     arrivalMs: startedAt,
+    ...(voicePrompt === null ? {} : { inputHash: voicePrompt.hash, promptKwargs: voicePrompt.kwargs }),
   });
   const first = await run.next();
   if (first.kind === "error") throw errorOf(first);

@@ -57,6 +57,8 @@ export interface CompiledNode {
   readonly stopTokenIds: readonly number[];
   /** A kv_cache node's prefill inputs after its token ids (layout kv_inputs). */
   readonly kvInputs: readonly KvInputRole[];
+  /** Ids per sampled position (a frame model); 0: one token. */
+  readonly frameWidth: number;
 }
 
 const SECTION_NODE = 0;
@@ -345,6 +347,7 @@ export function compileGraph(layout: ModelGraphLayout): CompiledGraph {
       overlap: n.overlap,
       stopTokenIds: Object.freeze([...n.stop_token_ids]),
       kvInputs: Object.freeze([...n.kv_inputs]),
+      frameWidth: n.frame_width,
     };
     nodes.push(node);
     nodeByName.set(n.name, node);

@@ -23,6 +23,8 @@ interface LayoutNode {
   stop_token_ids: number[];
   /** A kv_cache node's prefill inputs after its token ids, in order (GraphModel.get_kv_input_roles). */
   kv_inputs: KvInputRole[];
+  /** A kv_cache node whose every sampled position is a frame of this many ids (CSM; StepResult.frames); 0: a token per position. */
+  frame_width: number;
 }
 
 export interface LayoutEdge {
@@ -171,6 +173,7 @@ const layoutSchema = z
           overlap: z.boolean(),
           stop_token_ids: z.array(z.number().int().nonnegative()).default([]),
           kv_inputs: z.array(z.enum(KV_INPUT_ROLES)).default(["embeds", "positions"]),
+          frame_width: z.number().int().nonnegative().default(0),
         })
         .strict(),
     ),

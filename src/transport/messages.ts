@@ -6,7 +6,7 @@ import type { WireTables } from "./wire-tables.js";
 
 export { ProtocolError } from "./protocol-error.js";
 
-export const PROTOCOL_VERSION = 16;
+export const PROTOCOL_VERSION = 17;
 
 /**
  * temperature 0 means greedy. top_k 0 or -1 means off. top_p 1 and min_p 0 mean off.
@@ -33,7 +33,7 @@ export interface SamplingParams {
 
 /**
  * prompt_logprobs: -1 asks for none; k >= 0 asks for the log-probability of every prompt token after the first and the k most likely tokens at each of those positions (StepResult). Raw log-softmax of the model's logits, like SamplingParams.logprobs.
- * embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model.
+ * embeds: -1, or the handle of a tensor in this worker's store with one row per image-token position of the prompt, in order (a vision-language prompt's image features): those rows replace the token embeddings at those positions whenever they are computed. The worker knows the image token id from its model. A frame model (CSM) takes its prompt this way instead: an int64 tensor [num_prompt_tokens, width + 1], each position's frame (the codebook ids, then a text id), and later positions are the frames it sampled.
  * positions: -1, or the handle of an int64 tensor [3, num_prompt_tokens] in this worker's store: the prompt's multimodal rotary positions (t, h, w streams; the Qwen2-VL family). Every later token's three positions are its index plus max + 1 - num_prompt_tokens (transformers' rope delta).
  * encoder_states / cross_block_ids: an encoder-decoder model's request (Whisper): encoder_states is the handle of a tensor [L, hidden] in this worker's store (the encoder's output for the request) and cross_block_ids the blocks, disjoint from its block table, that hold its cross-attention K/V for positions 0..L-1 (block i: positions [i*block_size, (i+1)*block_size)). The worker computes that K/V when the request is added, before the step's forward pass, and every row of the request attends all L positions. -1 and empty for any other request; the engine allocates and frees those blocks with the request's own.
  */
@@ -256,6 +256,7 @@ export interface ReadyMessage {
  * Prompt logprobs (AddedRequest.prompt_logprobs >= 0): prompt_counts has one entry per row of the step (nil when no row asks); row i covers prompt_counts[i] positions p = num_computed[i], num_computed[i] + 1, ..., each with the log-probability of prompt token p + 1 given tokens 0..p. Only positions p < num_prompt_tokens - 1 count (the last prompt position predicts the first output token, which is sampled).
  * prompt_logprobs / prompt_ranks: one entry per such position, rows in order: the prompt token's log-probability and its rank (1 + the number of tokens more likely). prompt_top_ids / prompt_top_logprobs: k entries per position, most likely first, where k = min(AddedRequest.prompt_logprobs, vocab size) of the row's request.
  * token_counts (nil: one token per sampled row): how many of token_ids each sampled row appended, in row order (a row with drafts: its accepted drafts plus one). draft_counts / draft_ids (nil: no proposals): the worker's proposals (speculative decoding, --speculative-config) for each sampled row's next step, draft_counts[i] ids each, in row order; the engine may schedule fewer.
+ * frames (nil: none): a frame model's (CSM's) whole frame for each sampled row, width ids a row, in row order (width = len(frames) / len(token_ids)); token_ids then holds what the engine counts and stops on: codebook 0, or the stop id for a stop frame.
  */
 export interface StepResultMessage {
   kind: "StepResult";
@@ -284,6 +285,7 @@ export interface StepResultMessage {
   token_counts: Int32Array | null;
   draft_counts: Int32Array | null;
   draft_ids: Int32Array | null;
+  frames: Int32Array | null;
 }
 
 export interface PongMessage {
@@ -307,7 +309,7 @@ export type WireMessage = EngineToWorkerMessage | WorkerToEngineMessage;
 
 /** Every struct and message in wire order, for the codec (src/transport/codec.ts). */
 export const WIRE_TABLES: WireTables = {
-  protocolVersion: 16,
+  protocolVersion: 17,
   structs: {
     SamplingParams: [
       { name: "temperature", type: { kind: "float", nullable: false, text: "float" } },
@@ -533,6 +535,7 @@ export const WIRE_TABLES: WireTables = {
         { name: "token_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
         { name: "draft_counts", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
         { name: "draft_ids", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
+        { name: "frames", type: { kind: "i32[]", nullable: true, text: "i32[]?" } },
       ],
     },
     Pong: {

@@ -86,6 +86,7 @@ class EchoWorker implements WorkerClient {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
       pooled: null,
     });
   }

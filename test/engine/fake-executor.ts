@@ -253,6 +253,7 @@ export class FakeExecutor implements StepExecutor {
       token_counts: null,
       draft_counts: null,
       draft_ids: null,
+      frames: null,
       pooled: pooled.length > 0 ? Float32Array.from(pooled) : null,
     };
   }

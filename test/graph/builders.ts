@@ -141,7 +141,7 @@ export function graphLayout(spec: GraphSpec): ModelGraphLayout {
   const walks = walkNames.map((name) => ({ name, partition: partitionOf.get(name) ?? "default", root: flatten(spec.walks[name]!) }));
   return {
     version: 1,
-    nodes: Object.entries(spec.nodes).map(([name, engine]) => ({ name, engine, overlap: true, stop_token_ids: [], kv_inputs: engine === "kv_cache" ? ["embeds", "positions"] : [] })),
+    nodes: Object.entries(spec.nodes).map(([name, engine]) => ({ name, engine, overlap: true, stop_token_ids: [], kv_inputs: engine === "kv_cache" ? ["embeds", "positions"] : [], frame_width: 0 })),
     sections,
     walks,
     partitions: partitions.map((p) => ({ name: p.name, walks: p.walks, start: p.start, after: p.after ?? {}, python_transitions: false })),

@@ -128,6 +128,7 @@ export function result(overrides: Partial<StepResultMessage> = {}): StepResultMe
     token_counts: null,
     draft_counts: null,
     draft_ids: null,
+    frames: null,
     ...overrides,
   };
 }

@@ -147,6 +147,7 @@ const message: fc.Arbitrary<WireMessage> = fc.oneof(
     token_counts: fc.option(i32),
     draft_counts: fc.option(i32),
     draft_ids: fc.option(i32),
+    frames: fc.option(i32),
   }),
   rec({ kind: fc.constant("Pong" as const), nonce: int }),
   rec({ kind: fc.constant("Fatal" as const), message: str }),

@@ -76,6 +76,7 @@ def export_graph(model: GraphModel) -> dict[str, Any]:
                 "overlap": _overlap(name, graphs),
                 "stop_token_ids": _stop_token_ids(model, name),
                 "kv_inputs": _kv_input_roles(model, name) if engine is EngineType.KV_CACHE else [],
+                "frame_width": model.get_frame_width(name) if engine is EngineType.KV_CACHE else 0,
             }
             for name, engine in engines.items()
         ],

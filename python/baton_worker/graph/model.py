@@ -56,6 +56,9 @@ class KvDecoderLayout:
     make_decoder: Callable[[ModelConfig, Any], Any] | None = None
     cross_attention: bool = False
     logits_rules: Callable[[Path], Any] | None = None
+    # A frame model (CSM): from the directory and the model, the StepRunner's frame inputs and frame sampling
+    # (StepRunner.frames; AddedRequest.embeds holds the prompt's frames, StepResult.frames the sampled ones).
+    frames: Callable[[Path, Any], Any] | None = None
 
 DEFAULT_PARTITION = "default"
 # What a kv_cache node's prefill inputs after its token ids may be (GraphModel.get_kv_input_roles).
@@ -206,6 +209,11 @@ class GraphModel:
         encoder's output the decoder cross-attends: AddedRequest.encoder_states). Exported per node as
         `kv_inputs`. Default: embeds, then positions."""
         return ["embeds", "positions"]
+
+    def get_frame_width(self, node_name: str) -> int:
+        """A kv_cache node whose every sampled position is a frame of this many ids rather than one token
+        (CSM's backbone: the frame's codebooks; StepResult.frames); 0: a token per position."""
+        return 0
 
     def get_stop_token_ids(self, node_name: str) -> list[int]:
         """Token ids that end the loop a kv_cache node's pass is in (the engine

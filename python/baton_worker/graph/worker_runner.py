@@ -142,6 +142,8 @@ class GraphStepRunner:
         self._release(graph.releases)
         for request_id in graph.finished_requests.tolist():
             self.nodes.finish_request(request_id)
+            if self.kv is not None and self.kv.frames is not None:
+                self.kv.frames.release(request_id)
         prompt_results = [self._prompt(p) for p in graph.prompts]
         # KV connector: cancels first (before any load is written), sends copied out before the forward.
         connector = self.kv_connector

@@ -28,6 +28,8 @@ GRAPH_ARCHITECTURES: dict[str, str] = {
     "Qwen2_5_VLForConditionalGeneration": "baton_worker.models.qwen2_5_vl.graph_model:Qwen25VLGraphModel",
     # Whisper: the audio encoder feeding a decoder that cross-attends it (speech to text).
     "WhisperForConditionalGeneration": "baton_worker.models.whisper.graph_model:WhisperGraphModel",
+    # CSM: the backbone (and its depth decoder) streaming frames to Mimi's decoder (text to speech).
+    "CsmForConditionalGeneration": "baton_worker.models.csm.graph_model:CsmGraphModel",
 }
 
 

@@ -298,6 +298,8 @@ def _load_decoder(
         runner.cross = CrossAttention(cache, local.num_heads)
     if layout is not None and layout.logits_rules is not None:
         runner.logits_rules = layout.logits_rules(model_dir)
+    if layout is not None and layout.frames is not None and model is not None:
+        runner.frames = layout.frames(model_dir, model)
     if draft is not None:
         draft_cache = KVCache(draft.config, num_blocks, opts.block_size, dtype, device)
         draft_attention = make_backend(attention_backend, draft_cache, draft.config.num_heads, draft.scale, draft.config.sliding_windows)
@@ -316,7 +318,7 @@ def _load_decoder(
     # Test-only: BATON_TEST_OVERLAP=1 overlaps steps on CPU too (a GPU worker does by default), so the path runs in CI.
     if os.environ.get("BATON_TEST_OVERLAP") == "1" and model is not None and tp is None:
         runner.overlap = True
-    if runner.proposer is not None or runner.logits_rules is not None:
+    if runner.proposer is not None or runner.logits_rules is not None or runner.frames is not None:
         # A step's tokens (and the proposals or the logits rules made from them) are needed on the host before the next.
         runner.overlap = False
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.

@@ -114,6 +114,7 @@ class LaunchedStep:
     # otherwise every token is in place already), and which sampled rows get proposals (None: speculation off).
     token_counts: np.ndarray | None = None
     speculable: np.ndarray | None = None
+    frames: np.ndarray | None = None  # a frame model's sampled frames [rows, width] (StepResult.frames)
 
     def done(self) -> bool:
         """Whether the tokens are on the host (finish() would not wait)."""
@@ -240,6 +241,8 @@ class StepRunner:
         self.cross_pending: dict[int, torch.Tensor] = {}
         # Edits the sampled rows' logits from their tokens so far (a model's own generation rules), or None.
         self.logits_rules = None
+        # A frame model's inputs and its frames' other codebooks (CSM: models/csm/steps.py CsmFrames), or None.
+        self.frames = None
 
     def execute(self, step: Step, wait_mask: Callable[[int], StepMask] | None = None) -> StepResult:
         """Runs the step. A step with mask_rows needs wait_mask: after the forward
@@ -296,12 +299,16 @@ class StepRunner:
             head_masks = np.searchsorted(spec.rest, step.mask_rows)
         prompt = self._prompt_rows(slots, start, num_new) if self.prompt_slots else None
         replace = self._replaced_rows(slots, start, num_new) if self.embeds else None
+        if self.frames is not None and len(slots):
+            replace = self.frames.inputs(slots, start, num_new)
         if self.model is not None and len(inputs.input_ids_host) and inputs.input_ids_host.min() < 0:
             self._fill_from_device(inputs)
         if self.cross_pending:
             self._write_cross()
         t1 = time.perf_counter()
         logits = None
+        frame_h = None
+        frames = None  # a frame model's sampled frames
         head_rows = None  # with a screen: the head's input rows, which sampled rows it decides, and its shares
         prompt_out = None
         if self.model is not None and len(inputs.input_ids_host):
@@ -313,7 +320,7 @@ class StepRunner:
                 graphed = self._verify_graphed(spec, drafts, num_new, inputs, head_inputs, bool(head_sampled), sampled)
                 logits = spec.head_logits
             if not graphed:
-                screened = self._screened(head_sampled, head_masks) if prompt is None else None
+                screened = self._screened(head_sampled, head_masks) if prompt is None and self.frames is None else None
                 shares = 1
                 if self.cpu is not None:
                     shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS,
@@ -324,6 +331,10 @@ class StepRunner:
                 hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace, lora)
                 if screened is not None:
                     head_rows = (self.model.head_input(hidden, head_inputs.logits_indices), screened, shares)
+                elif self.frames is not None:
+                    # The final-norm rows score codebook 0 and start the depth decoder after the draw.
+                    frame_h = self.model.head_input(hidden, head_inputs.logits_indices)
+                    logits = self.model.codebook0_logits(frame_h)
                 elif head_sampled or spec is None:
                     if self.cpu is not None and self.cross is not None:
                         self.cpu.for_head()
@@ -350,6 +361,10 @@ class StepRunner:
                 if self.logits_rules is not None and logits is not None and head_sampled:
                     logits = self.logits_rules.apply(logits, [(st.token_ids, st.num_prompt_tokens) for st in head_sampled])
                 pending = self._sample(logits, head_sampled, head_inputs, token_mask)
+                if frame_h is not None and head_sampled:
+                    out = pending.read()
+                    out.token_ids, frames = self.frames.sample(frame_h, out.token_ids, head_sampled)
+                    pending = PendingSample.ready(out)
         else:
             # Rank 0 samples (it alone has the logits and the grammar masks); here only its ids matter.
             pending = PendingSample.ready(SampleOutput(np.zeros(0, np.int32), None, None, None, None))
@@ -357,6 +372,8 @@ class StepRunner:
             out = pending.read()
             out.token_ids = tp.broadcast_tokens(out.token_ids if tp.is_driver else None, len(sample_slots))
             pending = PendingSample.ready(out)
+        if self.frames is not None and tp is not None:
+            raise ProtocolError("Step", "a frame model runs without tensor parallelism")
         positions = self.batch.lengths[sample_slots].copy()
         speculable = self._speculable(sampled, step.mask_rows) if self.proposer is not None else None
         if spec is not None:
@@ -374,7 +391,7 @@ class StepRunner:
                 tokens = pending.tokens if pending.tokens is not None else torch.from_numpy(pending.read().token_ids).to(self.device)
                 self._keep_on_device(sample_slots, tokens)
         return LaunchedStep(self, step.step_id, step.req_ids[sample], sampled, sample_slots, positions, pending, self.removals,
-                            prompt_out, (t0, t1, t2), lora_failed, None, speculable)
+                            prompt_out, (t0, t1, t2), lora_failed, None, speculable, frames)
 
     def finish(self, launched: LaunchedStep) -> StepResult:
         """Waits for the launched step's tokens and puts them in their reserved places."""
@@ -413,6 +430,8 @@ class StepRunner:
             result.token_counts = launched.token_counts.astype(np.int32)
         if launched.speculable is not None:
             result.draft_counts, result.draft_ids = self._propose(launched)
+        if launched.frames is not None:
+            result.frames = launched.frames.reshape(-1)
         return result
 
     # ------------------------------------------------------------ pooling
@@ -477,6 +496,8 @@ class StepRunner:
                 self.mrope.pop(state.slot, None)
                 self.cross_blocks.pop(state.slot, None)
                 self.cross_pending.pop(state.slot, None)
+                if self.frames is not None:
+                    self.frames.remove(state.slot)
                 if state.lora_id:
                     self._lora_user(state.lora_id, -1)
                     self.slot_lora[state.slot] = 0
@@ -498,7 +519,8 @@ class StepRunner:
             if bad.size:
                 j = int(bad[0])
                 raise ProtocolError(f"{where}.token_ids[{j}]", f"{int(tokens[j])} is outside the vocabulary [0, {self.vocab_size})")
-            replaced = self._added_embeds(where, added) if added.embeds >= 0 else None
+            replaced = self._added_embeds(where, added) if added.embeds >= 0 and self.frames is None else None
+            prompt_frames = self._added_frames(where, added) if self.frames is not None else None
             rope = self._added_positions(where, added) if added.positions >= 0 else None
             cross = self._added_cross(where, added) if added.encoder_states >= 0 or self.cross is not None else None
             if added.lora_id != 0:
@@ -509,6 +531,8 @@ class StepRunner:
                 self.cross_pending[slot] = cross[0]
             if replaced is not None:
                 self.embeds[slot] = replaced
+            if prompt_frames is not None:
+                self.frames.add(slot, added.req_id, prompt_frames, added.num_prompt_tokens, len(tokens))
             if rope is not None:
                 self.mrope[slot] = rope
             state = RequestState(
@@ -839,6 +863,19 @@ class StepRunner:
                 f"{where}.embeds", f"tensor of shape {tuple(rows.shape)} for {len(positions)} positions of token {self.embeds_token_id}"
             )
         return positions, rows
+
+    def _added_frames(self, where: str, added) -> torch.Tensor:
+        """A frame model's request: its prompt frames (AddedRequest.embeds), checked."""
+        if added.embeds < 0 or self.embeds_of is None:
+            raise ProtocolError(f"{where}.embeds", "this worker's model takes its prompt as frames; none were given")
+        try:
+            frames = self.embeds_of(added.embeds)
+        except KeyError:
+            raise ProtocolError(f"{where}.embeds", f"tensor handle {added.embeds} is not in this worker's store") from None
+        wrong = self.frames.check(frames, added.req_id, added.num_prompt_tokens, len(added.token_ids))
+        if wrong is not None:
+            raise ProtocolError(f"{where}.embeds", wrong)
+        return frames
 
     def _added_positions(self, where: str, added) -> tuple[np.ndarray, int]:
         """A multimodal-rotary prompt's positions [3, num_prompt_tokens] and its later tokens' offset."""

@@ -1,0 +1,163 @@
+"""CSM's `codec` node: Mimi's decoder over the backbone's stream of frames, one pass per chunk.
+
+The stream. Each backbone step appends one item to the `frames` stream: a
+tensor of K int ids, the K codebook codes of one audio frame (80 ms, 1920
+samples at 24 kHz). When a request stops naturally its last item is the stop
+frame, all K codes equal to codebook_eos_token_id (0); transformers'
+generate cuts the audio at the first all-eos frame
+(`(codes == eos).all(-1)`), so that frame, and anything after it, is never
+decoded. (The backbone stops on codebooks 0..K-2 being eos; a stop frame whose
+last code is not eos is decoded by transformers, and so it is here.) A request
+stopped by its frame cap has no stop frame.
+
+The chunks. The connection's policy is LeftContextChunkPolicy(C, L)
+(docs/graph-semantics.md, "Streaming connections"): chunk k holds items
+[max(0, k*C - L), (k+1)*C), of which the first context_count = min(k*C, L)
+were in earlier chunks; once the backbone is done with n items, the first chunk
+reaching past n is final and holds [start, n): fewer than C new items, or
+none (only context, or nothing at all for n = 0).
+
+A pass. A chunk's frames up to its first stop frame form one window, the
+chunk's context frames then its new ones; the window is decoded with
+MimiDecoder.decode_window and the PCM of the new frames is emitted
+(`audio_chunk`: float32 [new * 1920], or nothing when the chunk brings no new
+audio frame). All passes of a batch go through one decode_windows call, which
+runs windows of equal shape (every request in its steady state: L + C frames)
+as one batch. Each frame is new in exactly one chunk, so a request's chunks
+concatenate to its whole audio, once, in order.
+
+Left context: exact, or bounded cost. Every layer of Mimi's decoder is causal
+with a bounded reach, so a frame's samples depend on exactly
+`left_context_frames` frames before it: the transformer's layers reach
+sliding_window - 1 positions (at 25 Hz) back each, plus the SEANet convs and
+the upsample. With L >= left_context_frames a window decode gives the whole
+decode's samples up to float32 rounding (different lengths sum in different
+orders); with less, the attention misses frames it would have seen.
+Measured on the tests' random CSM codec (1 layer, window 250:
+left_context_frames = 130), emitting 4 new frames at the end of a 400-frame
+stream, max |window - whole| over 11 windows:
+
+    L      0     8      32     64     96      128     129     130
+    diff   1.25  0.037  0.023  0.015  0.0062  5.3e-4  1.1e-4  8.3e-7
+    s16    40888 1222   746    501    204     18      3       1
+
+Random weights attend almost uniformly over the window, so nothing short of
+the whole field stays within 1 s16 LSB; a trained Mimi's attention is more
+local, but no bound short of the field is guaranteed. So the default is the
+exact field: codec_chunk_policy gives (4, left_context_frames). Transformers'
+own decode of a prefix already differs from its whole decode by ~7e-7 (1 LSB
+in places), so that is the best any streaming decode can match.
+
+The cost, for sesame/csm-1b's codec (8 layers, window 250: 1001 frames, 80 s).
+Per frame the upsample + transformer take about 0.11 GFLOP and the SEANet
+about 0.35 GFLOP. A chunk's window holds the whole stream so far until it is
+80 s long, and csm-1b generates at most 125 frames (10 s) by default, so in
+practice every chunk re-runs the transformer over everything generated so far:
+about n^2 / (2C) frame-passes per request (~2100 for 10 s at C = 4 against 125
+for one whole decode). The SEANet runs only over the new frames and 8
+positions of context, so 10 s of audio cost about 0.28 TFLOP streamed against
+0.06 TFLOP for one whole decode (~5x), and a steady-state chunk beyond 80 s
+about 0.11 TFLOP (milliseconds on an H100). A deployment that wants less can
+pass max_left_context (e.g. 250 frames, 20 s: at most ~28 GFLOP a chunk) and
+accept that requests longer than that are decoded approximately.
+
+Chunk size: C = 4 frames (320 ms of audio) gives the first audio after four
+backbone steps; a smaller C lowers that latency but runs the transformer over
+the context once per C frames, so cost rises as 1/C.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ...model.weights import WeightReader
+from .mimi import MimiDecoder, receptive_field
+
+INPUT = "frames"
+OUTPUT = "audio_chunk"
+DEFAULT_CHUNK_FRAMES = 4  # 320 ms of audio per chunk
+
+
+def codec_chunk_policy(
+    decoder: MimiDecoder | dict, chunk: int = DEFAULT_CHUNK_FRAMES, max_left_context: int | None = None
+) -> tuple[int, int]:
+    """(chunk, left_context) for the backbone -> codec LeftContextChunkPolicy, in frames.
+
+    decoder: a MimiDecoder, or the CSM (or Mimi) config.json dict, so a graph
+    can declare its connection without loading weights. left_context is the
+    decoder's whole receptive field (exact decode; see the module docstring),
+    or max_left_context when that is smaller (bounded cost, approximate past it).
+    """
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 frame; got {chunk}")
+    left = receptive_field(decoder)[0] if isinstance(decoder, dict) else decoder.left_context_frames
+    if max_left_context is not None:
+        if max_left_context < 0:
+            raise ValueError(f"max_left_context must be >= 0; got {max_left_context}")
+        left = min(left, max_left_context)
+    return chunk, left
+
+
+def _decoder_device(decoder: MimiDecoder) -> torch.device:
+    # MimiDecoder keeps its weights as plain tensors (not parameters); the first SEANet conv's tells where they are.
+    return decoder.seanet[0][1].device
+
+
+class CsmCodecNode(torch.nn.Module):
+    """The `codec` node's submodule: a batch of passes, one chunk of `frames` each -> `audio_chunk` PCM."""
+
+    def __init__(self, decoder: MimiDecoder, eos: int = 0):
+        super().__init__()
+        if decoder.audio_channels != 1:
+            raise ValueError(f"CSM's codec emits mono audio; this Mimi has {decoder.audio_channels} channels")
+        self.decoder = decoder
+        self.eos = int(eos)
+        self.device = _decoder_device(decoder)
+
+    def prepare_inputs(self, graph_walk: str, info, inputs: dict[str, list[torch.Tensor]]):
+        """-> (window codes [K, frames] up to the first stop frame, number of new frames among them)."""
+        chunk = info.chunks[INPUT]
+        k = self.decoder.num_codebooks
+        # Items come one frame per tensor ([K]); a tensor of several frames ([n, K]) reads the same, in order.
+        items = [t[None] if t.dim() == 1 else t for t in inputs.get(INPUT, [])]
+        for t in items:
+            if t.dim() != 2 or t.shape[-1] != k or t.dtype.is_floating_point or t.dtype == torch.bool:
+                raise ValueError(f"a {INPUT!r} item must be {k} integer codes per frame; got {t.dtype} {tuple(t.shape)}")
+        frames = torch.cat(items).to(self.device, torch.int64) if items else torch.zeros(0, k, dtype=torch.int64, device=self.device)
+        if not 0 <= chunk.context_count <= frames.shape[0]:
+            raise ValueError(f"chunk {chunk.index} holds {frames.shape[0]} frames but {chunk.context_count} of context")
+        # transformers decodes up to the first all-eos frame; the backbone's stop frame is its last item.
+        stops = (frames == self.eos).all(dim=-1).nonzero()
+        audio = int(stops[0, 0]) if stops.numel() else frames.shape[0]
+        frames = frames[:audio]
+        # Checked here, not in the batched decode, so a bad code fails its own request only.
+        bad = (frames < 0) | (frames >= self.decoder.codebook_size)
+        if bool(bad.any()):
+            f, q = (int(i) for i in bad.nonzero()[0])
+            code, size = int(frames[f, q]), self.decoder.codebook_size
+            raise ValueError(f"frame {chunk.start + f}, codebook {q}: code {code} is outside Mimi's {size}")
+        return frames.T, max(0, audio - chunk.context_count)
+
+    def preprocess(self, graph_walk: str, infos, prepared: list):
+        return prepared
+
+    def forward(self, graph_walk: str, infos, batch: list) -> list[dict[str, list[torch.Tensor]]]:
+        rows = [i for i, (_, new) in enumerate(batch) if new > 0]
+        out: list[dict[str, list[torch.Tensor]]] = [{OUTPUT: []} for _ in batch]
+        if rows:
+            # One call for the whole batch: equal-shaped windows run as one decoder batch.
+            pcm = self.decoder.decode_windows([batch[i][0] for i in rows], [batch[i][1] for i in rows])
+            for i, p in zip(rows, pcm):
+                out[i] = {OUTPUT: [p[0].to(torch.float32)]}
+        return out
+
+
+def load_codec_node(model_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> CsmCodecNode:
+    """The codec node's submodule for a CSM directory (config.json's codec_config, `codec_model.*` weights)."""
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    decoder = MimiDecoder(WeightReader(model_dir, dtype, torch.device(device)).get, config)
+    return CsmCodecNode(decoder, eos=int(config.get("codebook_eos_token_id", 0)))
