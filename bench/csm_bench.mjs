@@ -1,0 +1,118 @@
+// CSM text-to-speech against transformers on the same directory, side by side
+// in one run: REQUESTS texts of varied lengths (voices "0" and "1" in turn),
+// greedy, through `baton serve`'s /v1/audio/speech (pcm, streamed as decoded)
+// at concurrency 1 and 8, REPEATS times each, then through transformers'
+// generate + Mimi decode (bench/hf_csm_peer.py: batches of C). Prints a
+// markdown table: requests/s, time to first audio (Baton: the first body byte;
+// transformers: the batch's whole latency, as it gives audio only at the end),
+// the real-time factor (seconds of compute per second of audio: wall time x
+// concurrency / audio seconds) and the Baton/transformers ratios; then whether
+// both sides produced the same number of samples for every text (greedy: they
+// must).
+// The random-weight demo model is built to end speech after about three frames
+// per prompt token, so the texts stay short enough (at most ~30 tokens) to stop
+// on their own before the 125-frame (10 s) cap.
+//
+// usage: node bench/csm_bench.mjs [MODEL_DIR=models/demo-csm] [REQUESTS=16] [REPEATS=1]
+import { spawnSync } from "node:child_process";
+import { basename, dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { startBatonServer } from "./baton-server.mjs";
+
+const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
+const python = process.env.BATON_PYTHON ?? join(repo, ".venv", "bin", "python");
+const model = process.argv[2] ?? join(repo, "models", "demo-csm");
+const numRequests = Number(process.argv[3] ?? 16);
+const repeats = Number(process.argv[4] ?? 1);
+const LEVELS = [1, 8];
+const SAMPLE_RATE = 24000;
+const TEXTS = [
+  "Hi.",
+  "Good morning, everyone.",
+  "The weather is lovely today.",
+  "Please leave your message after the tone.",
+  "Turn left at the next intersection, then continue straight for two miles.",
+  "Yes.",
+  "I will call you back in a few minutes.",
+  "The meeting has been moved to Thursday afternoon at three.",
+  "Thank you for waiting.",
+  "Your package was delivered this morning and left at the front door.",
+  "Okay, sounds good.",
+  "Can you hear me clearly now?",
+  "The train to the airport departs from platform four every twenty minutes.",
+  "Welcome back.",
+  "Remember to bring an umbrella, it might rain later tonight.",
+  "See you soon.",
+];
+const requests = Array.from({ length: numRequests }, (_, i) => ({ text: TEXTS[i % TEXTS.length], voice: String(i % 2) }));
+
+/** Sends every request, `concurrency` at a time; each one's TTFA and sample count, and the wall time. */
+async function baton(url, concurrency) {
+  const ttfa = new Array(requests.length);
+  const samples = new Array(requests.length);
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: concurrency }, async () => {
+    while (next < requests.length) {
+      const i = next++;
+      const started = performance.now();
+      const res = await fetch(`${url}/v1/audio/speech`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ model: basename(model), input: requests[i].text, voice: requests[i].voice, response_format: "pcm", temperature: 0 }),
+      });
+      if (res.status !== 200) throw new Error(await res.text());
+      let bytes = 0;
+      for await (const chunk of res.body) {
+        if (bytes === 0 && chunk.length > 0) ttfa[i] = (performance.now() - started) / 1000;
+        bytes += chunk.length;
+      }
+      samples[i] = bytes / 2; // s16le mono
+    }
+  }));
+  return { seconds: (performance.now() - t0) / 1000, ttfa, samples };
+}
+
+const ours = {};
+const server = await startBatonServer([model, "--log-level", "warn"]);
+try {
+  await baton(server.url, Math.max(...LEVELS)); // warm-up
+  for (const c of LEVELS) {
+    ours[c] = [];
+    for (let r = 0; r < repeats; r++) ours[c].push(await baton(server.url, c));
+  }
+} finally {
+  await server.stop();
+}
+
+const peer = spawnSync(python, [join(repo, "bench", "hf_csm_peer.py")], {
+  input: JSON.stringify({ model_dir: model, concurrency: LEVELS, repeats, requests }),
+  encoding: "utf8", maxBuffer: 64 << 20, env: { ...process.env, PYTHONPATH: join(repo, "python") },
+});
+if (peer.status !== 0) throw new Error(peer.stderr);
+const theirs = JSON.parse(peer.stdout);
+
+const quantile = (values, q) => [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(q * values.length))];
+const sum = (values) => values.reduce((a, b) => a + b, 0);
+const audioSeconds = sum(theirs[LEVELS[0]].samples) / SAMPLE_RATE;
+const ms = (s) => (s * 1000).toFixed(0);
+
+console.log(`${numRequests} speech requests x ${repeats} repeat(s), greedy, ${(audioSeconds / numRequests).toFixed(2)} s of audio a request on average, ${model}\n`);
+console.log("| C | Baton req/s | transformers req/s | req/s ratio | Baton TTFA p50 / p90 (ms) | transformers TTFA p50 / p90 (ms) | TTFA p50 ratio | Baton RTF | transformers RTF |");
+console.log("|---|---|---|---|---|---|---|---|---|");
+const mismatches = [];
+for (const c of LEVELS) {
+  const mine = { seconds: sum(ours[c].map((r) => r.seconds)), ttfa: ours[c].flatMap((r) => r.ttfa), audio: sum(ours[c].flatMap((r) => r.samples)) / SAMPLE_RATE };
+  const hf = { seconds: sum(theirs[c].seconds), ttfa: theirs[c].ttfa, audio: repeats * sum(theirs[c].samples) / SAMPLE_RATE };
+  const rate = (side) => (repeats * numRequests) / side.seconds;
+  const rtf = (side) => ((side.seconds * Math.min(c, numRequests)) / side.audio).toFixed(3);
+  const [p50, p90] = [(side) => quantile(side.ttfa, 0.5), (side) => quantile(side.ttfa, 0.9)];
+  console.log(`| ${c} | ${rate(mine).toFixed(2)} | ${rate(hf).toFixed(2)} | ${(rate(mine) / rate(hf)).toFixed(2)} | ${ms(p50(mine))} / ${ms(p90(mine))} | ` +
+    `${ms(p50(hf))} / ${ms(p90(hf))} | ${(p50(mine) / p50(hf)).toFixed(2)} | ${rtf(mine)} | ${rtf(hf)} |`);
+  for (const [r, run] of ours[c].entries()) {
+    run.samples.forEach((n, i) => n !== theirs[c].samples[i] && mismatches.push(`c=${c} repeat ${r} request ${i}: baton ${n}, transformers ${theirs[c].samples[i]}`));
+  }
+}
+console.log(mismatches.length === 0
+  ? `\naudio lengths: all ${LEVELS.length * repeats * numRequests} Baton responses have transformers' sample count for their text and voice`
+  : `\naudio lengths differ in ${mismatches.length} responses:\n${mismatches.join("\n")}`);
