@@ -2,8 +2,8 @@
 // in one run: REQUESTS texts of varied lengths (voices "0" and "1" in turn),
 // greedy, through `baton serve`'s /v1/audio/speech (pcm, streamed as decoded)
 // at concurrency 1 and 8, REPEATS times each, then through transformers'
-// generate + Mimi decode (bench/hf_csm_peer.py: batches of C). Prints a
-// markdown table: requests/s, time to first audio (Baton: the first body byte;
+// generate + Mimi decode (bench/hf_csm_peer.py: batches of C). Prints, for
+// each side's median repeat, a markdown table: requests/s, time to first audio (Baton: the first body byte;
 // transformers: the batch's whole latency, as it gives audio only at the end),
 // the real-time factor (seconds of compute per second of audio: wall time x
 // concurrency / audio seconds) and the Baton/transformers ratios; then whether
@@ -13,7 +13,7 @@
 // per prompt token, so the texts stay short enough (at most ~30 tokens) to stop
 // on their own before the 125-frame (10 s) cap.
 //
-// usage: node bench/csm_bench.mjs [MODEL_DIR=models/demo-csm] [REQUESTS=16] [REPEATS=1]
+// usage: node bench/csm_bench.mjs [MODEL_DIR=models/demo-csm] [REQUESTS=16] [REPEATS=3]
 import { spawnSync } from "node:child_process";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -23,7 +23,7 @@ const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const python = process.env.BATON_PYTHON ?? join(repo, ".venv", "bin", "python");
 const model = process.argv[2] ?? join(repo, "models", "demo-csm");
 const numRequests = Number(process.argv[3] ?? 16);
-const repeats = Number(process.argv[4] ?? 1);
+const repeats = Number(process.argv[4] ?? 3);
 const LEVELS = [1, 8];
 const SAMPLE_RATE = 24000;
 const TEXTS = [
@@ -94,25 +94,29 @@ const theirs = JSON.parse(peer.stdout);
 
 const quantile = (values, q) => [...values].sort((a, b) => a - b)[Math.min(values.length - 1, Math.floor(q * values.length))];
 const sum = (values) => values.reduce((a, b) => a + b, 0);
-const audioSeconds = sum(theirs[LEVELS[0]].samples) / SAMPLE_RATE;
+// Each side's median repeat by wall time (the faster of two): other work on a shared
+// machine's cores slows single repeats several-fold, and the median leaves those out.
+const medianRun = (runs) => [...runs].sort((a, b) => a.seconds - b.seconds)[Math.floor((runs.length - 1) / 2)];
+const audioSeconds = sum(theirs[LEVELS[0]][0].samples) / SAMPLE_RATE;
 const ms = (s) => (s * 1000).toFixed(0);
 
-console.log(`${numRequests} speech requests x ${repeats} repeat(s), greedy, ${(audioSeconds / numRequests).toFixed(2)} s of audio a request on average, ${model}\n`);
+console.log(`${numRequests} speech requests, greedy, ${(audioSeconds / numRequests).toFixed(2)} s of audio a request on average, ` +
+  `median of ${repeats} repeat(s), ${model}\n`);
 console.log("| C | Baton req/s | transformers req/s | req/s ratio | Baton TTFA p50 / p90 (ms) | transformers TTFA p50 / p90 (ms) | TTFA p50 ratio | Baton RTF | transformers RTF |");
 console.log("|---|---|---|---|---|---|---|---|---|");
 const mismatches = [];
 for (const c of LEVELS) {
-  const mine = { seconds: sum(ours[c].map((r) => r.seconds)), ttfa: ours[c].flatMap((r) => r.ttfa), audio: sum(ours[c].flatMap((r) => r.samples)) / SAMPLE_RATE };
-  const hf = { seconds: sum(theirs[c].seconds), ttfa: theirs[c].ttfa, audio: repeats * sum(theirs[c].samples) / SAMPLE_RATE };
-  const rate = (side) => (repeats * numRequests) / side.seconds;
-  const rtf = (side) => ((side.seconds * Math.min(c, numRequests)) / side.audio).toFixed(3);
-  const [p50, p90] = [(side) => quantile(side.ttfa, 0.5), (side) => quantile(side.ttfa, 0.9)];
+  const [mine, hf] = [medianRun(ours[c]), medianRun(theirs[c])];
+  const rate = (run) => numRequests / run.seconds;
+  const rtf = (run) => ((run.seconds * Math.min(c, numRequests)) / (sum(run.samples) / SAMPLE_RATE)).toFixed(3);
+  const [p50, p90] = [(run) => quantile(run.ttfa, 0.5), (run) => quantile(run.ttfa, 0.9)];
   console.log(`| ${c} | ${rate(mine).toFixed(2)} | ${rate(hf).toFixed(2)} | ${(rate(mine) / rate(hf)).toFixed(2)} | ${ms(p50(mine))} / ${ms(p90(mine))} | ` +
     `${ms(p50(hf))} / ${ms(p90(hf))} | ${(p50(mine) / p50(hf)).toFixed(2)} | ${rtf(mine)} | ${rtf(hf)} |`);
-  for (const [r, run] of ours[c].entries()) {
-    run.samples.forEach((n, i) => n !== theirs[c].samples[i] && mismatches.push(`c=${c} repeat ${r} request ${i}: baton ${n}, transformers ${theirs[c].samples[i]}`));
+  const expected = theirs[LEVELS[0]][0].samples;
+  for (const [side, runs] of [["baton", ours[c]], ["transformers", theirs[c]]]) {
+    runs.forEach((run, r) => run.samples.forEach((n, i) => n !== expected[i] && mismatches.push(`${side} c=${c} repeat ${r} request ${i}: ${n} samples, not ${expected[i]}`)));
   }
 }
 console.log(mismatches.length === 0
-  ? `\naudio lengths: all ${LEVELS.length * repeats * numRequests} Baton responses have transformers' sample count for their text and voice`
+  ? `\naudio lengths: all ${2 * LEVELS.length * repeats * numRequests} responses (both sides, every level and repeat) have the same sample count for their text and voice`
   : `\naudio lengths differ in ${mismatches.length} responses:\n${mismatches.join("\n")}`);

@@ -9,7 +9,7 @@ latency. torch gets the threads Baton's worker takes (set_cpu_threads, its own
 rule), so neither side has more cores to use.
 
 stdin:  {"model_dir": ..., "concurrency": [1, 8], "repeats": R, "requests": [{"text": ..., "voice": "0"}]}
-stdout: {"1": {"seconds": [wall per repeat], "ttfa": [s per request, every repeat], "samples": [per request, one repeat]}, ...}
+stdout: {"1": [{"seconds": wall, "ttfa": [s per request], "samples": [per request]} per repeat], ...}
 """
 
 from __future__ import annotations
@@ -41,16 +41,15 @@ def main() -> int:
     run(conversations[: max(request["concurrency"])])
     results = {}
     for c in request["concurrency"]:
-        seconds, ttfa = [], []
+        results[str(c)] = []
         for _ in range(request["repeats"]):
-            samples = []
+            ttfa, samples = [], []
             t0 = time.perf_counter()
             for i in range(0, len(conversations), c):
                 batch, start = conversations[i : i + c], time.perf_counter()
                 samples += run(batch)
                 ttfa += [time.perf_counter() - start] * len(batch)
-            seconds.append(time.perf_counter() - t0)
-        results[str(c)] = {"seconds": seconds, "ttfa": ttfa, "samples": samples}
+            results[str(c)].append({"seconds": time.perf_counter() - t0, "ttfa": ttfa, "samples": samples})
     json.dump(results, sys.stdout)
     return 0
 

@@ -15,7 +15,9 @@ drive it:
 - bad added requests are refused naming AddedRequest.embeds: none given, not in the store, the
   wrong shape or dtype, more outputs than frames this worker generated;
 - a seeded sampled request (temperature 1, top-k 50) gives the same frames twice, alone or beside
-  another request, preempted or not; another seed gives others.
+  another request, preempted or not; another seed gives others;
+- on a CUDA worker (skipped without one), where process_prompt's frames are stored on the GPU, steps
+  mixing prompt chunks and generated frames run.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ MAX_FRAMES = 80
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def load(model_dir: Path):
-    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=NUM_BLOCKS, dtype="float32")
+def load(model_dir: Path, device: str = "cpu"):
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=NUM_BLOCKS, dtype="float32",
+                         device=device)
     return load_worker(opts)
 
 
@@ -243,8 +246,8 @@ def test_the_graph_declares_the_backbone_a_frame_model(model_dir):
 @pytest.fixture(scope="module")
 def served(model_dir) -> tuple[Driver, dict[int, Request], dict]:
     """Five greedy requests through one worker (see the module docstring); request 2 is preempted after its
-    fifth frame and re-added three steps later, request 4 after its first prompt chunk and re-added two
-    steps later."""
+    fifth frame and re-added three steps later (recomputed in chunks of 5), request 4 after its first prompt
+    chunk and re-added two steps later."""
     driver = Driver(load(model_dir), seed=1)
     # req_id -> (conversation, joins at step, chunk)
     plan = {1: ("speaker0", 0, 2), 2: ("context", 0, 3), 3: ("speaker1", 2, 2), 4: ("context_same_speaker", 4, 3),
@@ -266,6 +269,10 @@ def served(model_dir) -> tuple[Driver, dict[int, Request], dict]:
         for i, at in list(back.items()):
             if at == s:
                 del back[i]
+                if i == 2:
+                    # Its 36 prompt positions and 5 outputs recomputed 5 a step: one chunk crosses from one into the other.
+                    assert len(requests[i].ids) % 5 != 0
+                    requests[i].chunk = 5
                 driver.add(requests[i])
         if 2 in requests and 2 not in log["preempted"] and len(requests[2].frames) == 5 and not requests[2].done:
             log["preempted"][2] = len(requests[2].tokens)
@@ -416,3 +423,30 @@ def test_seeded_sampling_is_reproducible(model_dir):
     while driver.running:
         driver.step()
     assert greedy.frames != a.frames
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_worker_mixes_prompt_and_generated_frames(model_dir):
+    """The store holds the prompt frames on the GPU, the worker's generated frames are on the host: a step with
+    one request's prompt chunk beside another's frame step (and a preempted request's recompute, whose chunks
+    cross from its prompt into its outputs) must gather both."""
+    driver = Driver(load(model_dir, "cuda"), seed=3)
+    assert driver.worker.ready.device.startswith("cuda")
+    prompts = driver.prompts({1: CONVERSATIONS["speaker0"], 2: CONVERSATIONS["context"]})
+    first = Request(1, "speaker0", *prompts[1], chunk=2, max_frames=12)
+    second = Request(2, "context", *prompts[2], chunk=3, max_frames=12)
+    assert driver.worker.graph_runner.nodes.store.get(first.handle).is_cuda
+    driver.add(first)
+    for _ in range(len(first.ids) + 2):
+        driver.step()
+    driver.add(second)
+    while len(first.frames) < 8 and not first.done:
+        driver.step()
+    if not first.done:
+        driver.remove(first)
+        driver.step()
+        driver.add(first)
+    while driver.running:
+        driver.step()
+    assert driver.steps_with_prefill_and_decode > 0
+    assert first.frames and second.frames

@@ -54,6 +54,22 @@ describe("BlockManager", () => {
     kv.checkIntegrity();
   });
 
+  it("caches a frame model's prompt blocks only, rooted in its input hash", () => {
+    const kv = new BlockManager(32, 4, true);
+    const frames = (prompt: number[], inputHash: number): Request => new Request(makeRequest(prompt, {}, { frameWidth: 8, inputHash }));
+    const a = frames(range(6), 5);
+    kv.allocate(a, 14);
+    for (const t of range(8, 500)) a.appendOutputToken(t);
+    kv.commitComputed(a, 14);
+    // 6 prompt positions: one full block cached; the generated frames' blocks are not (their tokens are codebook 0 only).
+    assert.deepEqual(kv.checkIntegrity(), { free: 28, cached: 0, inUse: 4 });
+    const again = frames([...range(6), ...range(8, 500)], 5);
+    assert.deepEqual(kv.findCachedPrefix(again), a.blockIds.slice(0, 1), "the prompt's block hits");
+    assert.deepEqual(kv.findCachedPrefix(frames(range(6), 6)), [], "another reference clip: no hit");
+    kv.free(a);
+    assert.deepEqual(kv.checkIntegrity(), { free: 31, cached: 1, inUse: 0 });
+  });
+
   it("allocates whole blocks, all or nothing, and frees them", () => {
     const kv = new BlockManager(4, 4, false);
     const a = req(range(6));

@@ -128,6 +128,9 @@ class CsmGraphModel(GraphModel):
         return self.model_dir
 
     def get_kv_decoder_layout(self, node_name: str) -> KvDecoderLayout:
+        # The worker loading the backbone is the one prompts go to (rank 0 in the usual placements): its
+        # processor and Mimi encoder load now, not on the first request.
+        self._prompter = self._prompter or CsmPrompter(self.model_dir)
         stop = self.stop_token_id
         return KvDecoderLayout(
             None,
@@ -160,7 +163,9 @@ class CsmGraphModel(GraphModel):
         voices = list(kwargs.get("context_voice") or [])
         if len(texts) != len(audio):
             raise ValueError(f"context_text: {len(texts)} transcripts for {len(audio)} reference clips (one each)")
-        context = [ContextTurn(str(t), str(voices[i]) if i < len(voices) else speaker, bytes(a)) for i, (t, a) in enumerate(zip(texts, audio))]
+        # Each turn is named by the form part it came from (/generate's files, in order).
+        context = [ContextTurn(str(t), str(voices[i]) if i < len(voices) else speaker, bytes(a), f"files[{i}]")
+                   for i, (t, a) in enumerate(zip(texts, audio))]
         built = self._prompter.build(prompt or "", speaker, context)
         return {"text_inputs": torch.from_numpy(built.input_ids.astype("int64")), "prompt_frames": built.frames}
 

@@ -105,8 +105,14 @@ class CsmFrames:
         return None
 
     def add(self, slot: int, req_id: int, prompt: torch.Tensor, num_prompt_tokens: int, num_tokens: int) -> None:
-        """A request added to `slot` (checked): its prompt frames."""
-        self.prompts[slot] = (req_id, prompt)
+        """A request added to `slot` (checked): its prompt frames, kept on the host like the generated frames
+        (the store's copy is on the worker's device), so a step's input frames concatenate on one device."""
+        self.prompts[slot] = (req_id, prompt.cpu())
+        # The engine's outputs are the frames that count: any the worker made beyond them (none today:
+        # a preempted request keeps its token in flight) must not sit before the next one.
+        generated = self.generated.get(req_id)
+        if generated is not None:
+            del generated[num_tokens - num_prompt_tokens:]
 
     def remove(self, slot: int) -> None:
         self.prompts.pop(slot, None)
