@@ -1,7 +1,9 @@
 // CSM text-to-speech against transformers on the same directory, side by side
 // in one run: REQUESTS texts of varied lengths (voices "0" and "1" in turn),
 // greedy, through `baton serve`'s /v1/audio/speech (pcm, streamed as decoded)
-// at concurrency 1 and 8, REPEATS times each, then through transformers'
+// at concurrency 1 and 8, REPEATS times each, in two placements (one worker
+// hosting both nodes; the codec on a worker of its own, so the backbone's steps
+// and the codec's windows run side by side), then through transformers'
 // generate + Mimi decode (bench/hf_csm_peer.py: batches of C). Prints, for
 // each side's median repeat, a markdown table: requests/s, time to first audio (Baton: the first body byte;
 // transformers: the batch's whole latency, as it gives audio only at the end),
@@ -15,6 +17,8 @@
 //
 // usage: node bench/csm_bench.mjs [MODEL_DIR=models/demo-csm] [REQUESTS=16] [REPEATS=3]
 import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { startBatonServer } from "./baton-server.mjs";
@@ -73,16 +77,27 @@ async function baton(url, concurrency) {
   return { seconds: (performance.now() - t0) / 1000, ttfa, samples };
 }
 
+const work = mkdtempSync(join(tmpdir(), "csm-bench-"));
+const split = join(work, "codec-worker.yaml");
+writeFileSync(split, "node_groups:\n  - node_names: [backbone]\n    ranks: [0]\n  - node_names: [codec]\n    ranks: [1]\n");
+const PLACEMENTS = { "one worker": [], "codec worker": ["--deployment", split] };
 const ours = {};
-const server = await startBatonServer([model, "--log-level", "warn"]);
 try {
-  await baton(server.url, Math.max(...LEVELS)); // warm-up
-  for (const c of LEVELS) {
-    ours[c] = [];
-    for (let r = 0; r < repeats; r++) ours[c].push(await baton(server.url, c));
+  for (const [placement, args] of Object.entries(PLACEMENTS)) {
+    const server = await startBatonServer([model, "--log-level", "warn", ...args]);
+    ours[placement] = {};
+    try {
+      await baton(server.url, Math.max(...LEVELS)); // warm-up
+      for (const c of LEVELS) {
+        ours[placement][c] = [];
+        for (let r = 0; r < repeats; r++) ours[placement][c].push(await baton(server.url, c));
+      }
+    } finally {
+      await server.stop();
+    }
   }
 } finally {
-  await server.stop();
+  rmSync(work, { recursive: true, force: true });
 }
 
 const peer = spawnSync(python, [join(repo, "bench", "hf_csm_peer.py")], {
@@ -102,21 +117,25 @@ const ms = (s) => (s * 1000).toFixed(0);
 
 console.log(`${numRequests} speech requests, greedy, ${(audioSeconds / numRequests).toFixed(2)} s of audio a request on average, ` +
   `median of ${repeats} repeat(s), ${model}\n`);
-console.log("| C | Baton req/s | transformers req/s | req/s ratio | Baton TTFA p50 / p90 (ms) | transformers TTFA p50 / p90 (ms) | TTFA p50 ratio | Baton RTF | transformers RTF |");
-console.log("|---|---|---|---|---|---|---|---|---|");
+console.log("| C | Baton placement | Baton req/s | transformers req/s | req/s ratio | Baton TTFA p50 / p90 (ms) | transformers TTFA p50 / p90 (ms) | TTFA p50 ratio | Baton RTF | transformers RTF |");
+console.log("|---|---|---|---|---|---|---|---|---|---|");
 const mismatches = [];
+const expected = theirs[LEVELS[0]][0].samples;
 for (const c of LEVELS) {
-  const [mine, hf] = [medianRun(ours[c]), medianRun(theirs[c])];
-  const rate = (run) => numRequests / run.seconds;
-  const rtf = (run) => ((run.seconds * Math.min(c, numRequests)) / (sum(run.samples) / SAMPLE_RATE)).toFixed(3);
-  const [p50, p90] = [(run) => quantile(run.ttfa, 0.5), (run) => quantile(run.ttfa, 0.9)];
-  console.log(`| ${c} | ${rate(mine).toFixed(2)} | ${rate(hf).toFixed(2)} | ${(rate(mine) / rate(hf)).toFixed(2)} | ${ms(p50(mine))} / ${ms(p90(mine))} | ` +
-    `${ms(p50(hf))} / ${ms(p90(hf))} | ${(p50(mine) / p50(hf)).toFixed(2)} | ${rtf(mine)} | ${rtf(hf)} |`);
-  const expected = theirs[LEVELS[0]][0].samples;
-  for (const [side, runs] of [["baton", ours[c]], ["transformers", theirs[c]]]) {
+  const hf = medianRun(theirs[c]);
+  for (const placement of Object.keys(PLACEMENTS)) {
+    const mine = medianRun(ours[placement][c]);
+    const rate = (run) => numRequests / run.seconds;
+    const rtf = (run) => ((run.seconds * Math.min(c, numRequests)) / (sum(run.samples) / SAMPLE_RATE)).toFixed(3);
+    const [p50, p90] = [(run) => quantile(run.ttfa, 0.5), (run) => quantile(run.ttfa, 0.9)];
+    console.log(`| ${c} | ${placement} | ${rate(mine).toFixed(2)} | ${rate(hf).toFixed(2)} | ${(rate(mine) / rate(hf)).toFixed(2)} | ${ms(p50(mine))} / ${ms(p90(mine))} | ` +
+      `${ms(p50(hf))} / ${ms(p90(hf))} | ${(p50(mine) / p50(hf)).toFixed(2)} | ${rtf(mine)} | ${rtf(hf)} |`);
+  }
+  const sides = [...Object.keys(PLACEMENTS).map((p) => [`baton (${p})`, ours[p][c]]), ["transformers", theirs[c]]];
+  for (const [side, runs] of sides) {
     runs.forEach((run, r) => run.samples.forEach((n, i) => n !== expected[i] && mismatches.push(`${side} c=${c} repeat ${r} request ${i}: ${n} samples, not ${expected[i]}`)));
   }
 }
 console.log(mismatches.length === 0
-  ? `\naudio lengths: all ${2 * LEVELS.length * repeats * numRequests} responses (both sides, every level and repeat) have the same sample count for their text and voice`
+  ? `\naudio lengths: all ${(Object.keys(PLACEMENTS).length + 1) * LEVELS.length * repeats * numRequests} responses (every side, level and repeat) have the same sample count for their text and voice`
   : `\naudio lengths differ in ${mismatches.length} responses:\n${mismatches.join("\n")}`);

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 
 from baton_worker.graph.node_runner import ChunkInfo, PassInfo  # noqa: E402
 from baton_worker.graph.streaming import LeftContextChunkPolicy  # noqa: E402
-from baton_worker.models.csm.codec_node import INPUT, OUTPUT, codec_chunk_policy, load_codec_node  # noqa: E402
+from baton_worker.models.csm.codec_node import DEFAULT_CHUNK_FRAMES, INPUT, OUTPUT, codec_chunk_policy, load_codec_node  # noqa: E402
 
 pytestmark = CSM_MARKS
 
@@ -75,7 +75,7 @@ def test_streamed_batches_match_transformers_whole_decode(node, hf):
     k, fs = decoder.num_codebooks, decoder.frame_samples
     size, left = codec_chunk_policy(decoder)
     LeftContextChunkPolicy(size, left)  # valid parameters for the graph's connection
-    assert (size, left) == (4, decoder.left_context_frames) == (4, 130)
+    assert (size, left) == (DEFAULT_CHUNK_FRAMES, decoder.left_context_frames) and left == 130
 
     g = torch.Generator().manual_seed(7)
     stop = torch.full((1, k), EOS)
@@ -86,11 +86,11 @@ def test_streamed_batches_match_transformers_whole_decode(node, hf):
     partial = frames(17)
     partial[-1, :-1] = EOS  # codebooks 0..K-2 eos: generate stops there but still decodes it (not all eos)
     streams = {
-        "short": torch.cat([frames(3), stop]),  # the stop frame ends chunk 0; the final chunk is only context
+        "short": torch.cat([frames(3), stop]),  # shorter than a chunk: the stop frame is in the only chunk
         "mid": torch.cat([frames(17), stop]),
         "long": torch.cat([frames(45), stop]),
-        "steady": torch.cat([frames(150), stop]),  # past left_context: windows of left + size frames
-        "steady2": torch.cat([frames(141), stop]),
+        "steady": torch.cat([frames(157), stop]),  # past left_context: windows of left + size frames
+        "steady2": torch.cat([frames(150), stop]),
         "capped": frames(12),  # stopped by the frame cap: no stop frame, final chunk only context
         "partial_stop": partial,
         "silent": stop,  # no audio frame at all
@@ -153,9 +153,9 @@ def test_streamed_batches_match_transformers_whole_decode(node, hf):
 
 def test_policy_cap_and_bad_codes(node, model_dir):
     decoder = node.decoder
-    assert codec_chunk_policy(decoder, max_left_context=64) == (4, 64)
-    assert codec_chunk_policy(json.loads((model_dir / "config.json").read_text())) == (4, decoder.left_context_frames)
-    assert codec_chunk_policy(transformers.CsmConfig().to_dict()) == (4, 1001)  # sesame/csm-1b's codec
+    assert codec_chunk_policy(decoder, max_left_context=64) == (DEFAULT_CHUNK_FRAMES, 64)
+    assert codec_chunk_policy(json.loads((model_dir / "config.json").read_text())) == (DEFAULT_CHUNK_FRAMES, decoder.left_context_frames)
+    assert codec_chunk_policy(transformers.CsmConfig().to_dict()) == (DEFAULT_CHUNK_FRAMES, 1001)  # sesame/csm-1b's codec
     assert codec_chunk_policy(decoder, chunk=2, max_left_context=1000) == (2, decoder.left_context_frames)
     with pytest.raises(ValueError, match="chunk"):
         codec_chunk_policy(decoder, chunk=0)

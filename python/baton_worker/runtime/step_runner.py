@@ -324,7 +324,7 @@ class StepRunner:
                 shares = 1
                 if self.cpu is not None:
                     shares = self.cpu.for_step(len(inputs.input_ids_host), 0 if screened is None else len(screened), SPLIT_ROWS,
-                                               layers_alone=self.cross is not None)
+                                               layers_alone=self.cross is not None or self.frames is not None)
                 attention = self.attention.prepare(inputs.attention)
                 if self.cross is not None:
                     attention = with_cross(attention, self._cross_plan(slots, inputs))

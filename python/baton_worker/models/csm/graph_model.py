@@ -38,8 +38,7 @@ from ...graph.model import GraphModel, KvDecoderLayout, PartitionTransitions, Wa
 from ...graph.streaming import Connection, LeftContextChunkPolicy, PartitionTopology
 from ...model.config import read_json
 from ..demo_tts.audio import pcm_to_s16le
-from .codec_node import DEFAULT_CHUNK_FRAMES, load_codec_node
-from .mimi import receptive_field
+from .codec_node import codec_chunk_policy, load_codec_node
 from .prompt import ContextTurn, CsmPrompter
 from .steps import CsmFrames, make_step_model, read_config
 
@@ -117,7 +116,7 @@ class CsmGraphModel(GraphModel):
         """(chunk, left_context) in frames: small chunks for the first audio, and the codec's whole receptive
         field as context, so every chunk's samples are those of one decode of all frames (to rounding)."""
         if self._chunk_policy is None:
-            self._chunk_policy = (DEFAULT_CHUNK_FRAMES, receptive_field(self.config.get("codec_config") or {})[0])
+            self._chunk_policy = codec_chunk_policy(self.config)
         return self._chunk_policy
 
     # -- the kv_cache node ----------------------------------------------------------------

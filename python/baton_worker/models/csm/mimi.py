@@ -300,28 +300,45 @@ class MimiDecoder(torch.nn.Module):
         pcm = self._seanet(x[..., first:])
         return pcm[..., pcm.shape[-1] - num_new * self.frame_samples :]
 
+    @torch.inference_mode()
     def decode_windows(self, windows: Sequence[torch.Tensor], num_new: Sequence[int]) -> list[torch.Tensor]:
         """Several requests' windows (codes [codebooks, frames_i]) -> each one's new PCM [channels, num_new_i * frame_samples].
 
-        Windows of the same shape and num_new run as one batch (in a stream's
-        steady state every window has left_context_frames + stride frames), so
-        no row is padded and each gets what decoding it alone gives, up to
-        float32 rounding (a batch can make oneDNN or cuDNN pick another
-        convolution algorithm).
+        All windows run as one batch whatever their lengths: each is padded on
+        the left to the longest, and every layer treats a row's padding as
+        what lies before its window when decoded alone (the upsample's and each
+        convolution's input zeroed there, the attention masked to the row's own
+        positions, rotary positions counted from the row's first frame). So
+        every row gets what decode_window gives it alone, up to float32
+        rounding (other batch shapes sum in another order).
         """
         if len(windows) != len(num_new):
             raise ValueError(f"{len(windows)} windows but {len(num_new)} num_new values")
-        groups: dict[tuple, list[int]] = {}
         for i, (w, n) in enumerate(zip(windows, num_new)):
             if w.dim() != 2:
                 raise ValueError(f"window {i} must be codes [codebooks, frames]; got shape {tuple(w.shape)}")
-            groups.setdefault((tuple(w.shape), int(n)), []).append(i)
-        out: list[torch.Tensor] = [None] * len(windows)  # type: ignore[list-item]
-        for (_, n), rows in groups.items():
-            pcm = self.decode_window(torch.stack([windows[i] for i in rows]), n)
-            for row, i in enumerate(rows):
-                out[i] = pcm[row]
-        return out
+            if not 0 <= int(n) <= w.shape[-1]:
+                raise ValueError(f"window {i}: num_new must be in 0..{w.shape[-1]} (the window's frames); got {n}")
+        if len(windows) == 1:
+            return [self.decode_window(windows[0][None], int(num_new[0]))[0]]
+        if len({w.shape[0] for w in windows}) > 1:
+            raise ValueError("the windows carry different numbers of codebooks")
+        longest = max(w.shape[-1] for w in windows)
+        device = windows[0].device
+        pads = torch.tensor([longest - w.shape[-1] for w in windows], device=device)
+        codes = torch.stack([F.pad(w, (longest - w.shape[-1], 0)) for w in windows])
+        self._check(codes)
+        spf = self.steps_per_frame
+        # Each row's first real position at the transformer's rate, and its mask of real positions.
+        starts = pads * spf
+        x = self._dequantize(codes) * _keep(pads, longest, self.dtype)
+        x = self._transformer(self._upsample(x), starts)
+        # The SEANet runs over the region every row needs: its new frames and the context their samples reach.
+        firsts = [int(p) * spf + max(0, (w.shape[-1] - int(n)) * spf - self.seanet_context_steps)
+                  for p, w, n in zip(pads.tolist(), windows, num_new)]
+        first = min(firsts)
+        pcm = self._seanet(x[..., first:], torch.tensor(firsts, device=device) - first)
+        return [pcm[i, :, pcm.shape[-1] - int(n) * self.frame_samples :] for i, n in enumerate(num_new)]
 
     def _check(self, codes: torch.Tensor) -> None:
         if codes.dim() != 3 or codes.dtype.is_floating_point or codes.dtype.is_complex or codes.dtype == torch.bool:
@@ -356,20 +373,27 @@ class MimiDecoder(torch.nn.Module):
         x = F.conv_transpose1d(x, weight, None, stride=2, groups=groups)
         return x[..., : x.shape[-1] - trim]
 
-    def _transformer(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, hidden, steps] -> [B, hidden, steps]."""
+    def _transformer(self, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, hidden, steps] -> [B, hidden, steps]. starts [B] (decode_windows): where each row's own
+        positions begin; before that a row is padding, which no position of the row attends."""
         h = x.transpose(1, 2)
         steps = h.shape[1]
         positions = torch.arange(steps, device=h.device)[None, :, None].float()
+        if starts is not None:
+            positions = positions - starts[:, None, None].float()
         # MimiRotaryEmbedding: the outer product as a matmul, then cos/sin of [freqs, freqs].
         freqs = (self.inv_freq[None, :, None].to(h.device) @ positions.transpose(1, 2)).transpose(1, 2)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos().to(h.dtype)[:, None], emb.sin().to(h.dtype)[:, None]
         mask = None
-        if steps >= self.window:
+        if steps >= self.window or starts is not None:
             # transformers' sliding-window mask; shorter sequences use SDPA's is_causal as it does.
             i = torch.arange(steps, device=h.device)
             mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - self.window))[None, None]
+            if starts is not None:
+                # A padding query attends itself alone (a row of nothing but masks would be NaN).
+                own = i[None, None, None, :] >= starts[:, None, None, None]
+                mask = (mask & own) | (torch.eye(steps, dtype=torch.bool, device=h.device) & ~own.transpose(-1, -2))
         for w in self.layers:
             y = F.layer_norm(h, (self.hidden,), *w["input_layernorm"], self.norm_eps)
             h = h + w["attn_scale"] * self._attention(y, w, cos, sin, mask)
@@ -392,24 +416,36 @@ class MimiDecoder(torch.nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=self.scaling, is_causal=mask is None and t > 1, **extra)
         return F.linear(out.transpose(1, 2).contiguous().reshape(b, t, -1), *w["o"])
 
-    def _seanet(self, x: torch.Tensor) -> torch.Tensor:
+    def _seanet(self, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
+        """starts [B] (decode_windows): each row's first own position; every convolution sees zeros before
+        it, as the causal padding of a row decoded alone does."""
+        keep = None if starts is None else _keep(starts, x.shape[-1], x.dtype)
         for layer in self.seanet:
             kind = layer[0]
             if kind == "elu":
                 x = F.elu(x)
             elif kind == "conv":
-                x = _causal_conv(x, layer)
+                x = _causal_conv(x if keep is None else x * keep, layer)
             elif kind == "up":
                 _, weight, bias, stride = layer
-                x = F.conv_transpose1d(x, weight, bias, stride=stride)
+                x = F.conv_transpose1d(x if keep is None else x * keep, weight, bias, stride=stride)
                 x = x[..., : x.shape[-1] - stride]
+                if starts is not None:
+                    starts = starts * stride
+                    keep = _keep(starts, x.shape[-1], x.dtype)
             else:
                 _, convs, shortcut = layer
                 y = x
                 for conv in convs:
-                    y = _causal_conv(F.elu(y), conv)
-                x = (x if shortcut is None else _causal_conv(x, shortcut)) + y
+                    y = F.elu(y)
+                    y = _causal_conv(y if keep is None else y * keep, conv)
+                x = (x if shortcut is None else _causal_conv(x if keep is None else x * keep, shortcut)) + y
         return x
+
+
+def _keep(starts: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, length]: 1 from each row's start on, 0 before (its padding)."""
+    return (torch.arange(length, device=starts.device)[None, :] >= starts[:, None]).to(dtype)[:, None, :]
 
 
 def _causal_conv(x: torch.Tensor, layer: tuple) -> torch.Tensor:
