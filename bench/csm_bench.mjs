@@ -77,11 +77,19 @@ async function baton(url, concurrency) {
   return { seconds: (performance.now() - t0) / 1000, ttfa, samples };
 }
 
+/** The codec's passes and forwards so far (/metrics baton:node_batch_size), to tell how many windows a forward decoded. */
+async function codecBatches(url) {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const value = (suffix) => Number(new RegExp(`^baton:node_batch_size_${suffix}\\{[^}]*node="codec"[^}]*\\} (\\S+)$`, "m").exec(text)?.[1] ?? 0);
+  return { passes: value("sum"), forwards: value("count") };
+}
+
 const work = mkdtempSync(join(tmpdir(), "csm-bench-"));
 const split = join(work, "codec-worker.yaml");
 writeFileSync(split, "node_groups:\n  - node_names: [backbone]\n    ranks: [0]\n  - node_names: [codec]\n    ranks: [1]\n");
 const PLACEMENTS = { "one worker": [], "codec worker": ["--deployment", split] };
 const ours = {};
+const windowsPerForward = {};
 try {
   for (const [placement, args] of Object.entries(PLACEMENTS)) {
     const server = await startBatonServer([model, "--log-level", "warn", ...args]);
@@ -90,7 +98,10 @@ try {
       await baton(server.url, Math.max(...LEVELS)); // warm-up
       for (const c of LEVELS) {
         ours[placement][c] = [];
+        const before = await codecBatches(server.url);
         for (let r = 0; r < repeats; r++) ours[placement][c].push(await baton(server.url, c));
+        const after = await codecBatches(server.url);
+        windowsPerForward[`${placement} ${c}`] = (after.passes - before.passes) / Math.max(1, after.forwards - before.forwards);
       }
     } finally {
       await server.stop();
@@ -117,8 +128,8 @@ const ms = (s) => (s * 1000).toFixed(0);
 
 console.log(`${numRequests} speech requests, greedy, ${(audioSeconds / numRequests).toFixed(2)} s of audio a request on average, ` +
   `median of ${repeats} repeat(s), ${model}\n`);
-console.log("| C | Baton placement | Baton req/s | transformers req/s | req/s ratio | Baton TTFA p50 / p90 (ms) | transformers TTFA p50 / p90 (ms) | TTFA p50 ratio | Baton RTF | transformers RTF |");
-console.log("|---|---|---|---|---|---|---|---|---|---|");
+console.log("| C | Baton placement | Baton req/s | transformers req/s | req/s ratio | Baton TTFA p50 / p90 (ms) | transformers TTFA p50 / p90 (ms) | TTFA p50 ratio | Baton RTF | transformers RTF | codec windows per forward |");
+console.log("|---|---|---|---|---|---|---|---|---|---|---|");
 const mismatches = [];
 const expected = theirs[LEVELS[0]][0].samples;
 for (const c of LEVELS) {
@@ -129,7 +140,7 @@ for (const c of LEVELS) {
     const rtf = (run) => ((run.seconds * Math.min(c, numRequests)) / (sum(run.samples) / SAMPLE_RATE)).toFixed(3);
     const [p50, p90] = [(run) => quantile(run.ttfa, 0.5), (run) => quantile(run.ttfa, 0.9)];
     console.log(`| ${c} | ${placement} | ${rate(mine).toFixed(2)} | ${rate(hf).toFixed(2)} | ${(rate(mine) / rate(hf)).toFixed(2)} | ${ms(p50(mine))} / ${ms(p90(mine))} | ` +
-      `${ms(p50(hf))} / ${ms(p90(hf))} | ${(p50(mine) / p50(hf)).toFixed(2)} | ${rtf(mine)} | ${rtf(hf)} |`);
+      `${ms(p50(hf))} / ${ms(p90(hf))} | ${(p50(mine) / p50(hf)).toFixed(2)} | ${rtf(mine)} | ${rtf(hf)} | ${windowsPerForward[`${placement} ${c}`].toFixed(1)} |`);
   }
   const sides = [...Object.keys(PLACEMENTS).map((p) => [`baton (${p})`, ours[p][c]]), ["transformers", theirs[c]]];
   for (const [side, runs] of sides) {
