@@ -5,7 +5,8 @@ CLI:      python python/tests/random_models.py --arch qwen3 --out DIR [--variant
               [--tokenizer-dir DIR] [--dtype float32|bfloat16|float16] [--sharded]
 
 arch: llama, llama3 (rope_type "llama3" scaling), mistral (sliding_window 8),
-qwen2 (q/k/v bias), qwen3 (q/k norm, explicit head_dim).
+qwen2 (q/k/v bias), qwen3 (q/k norm, explicit head_dim), qwen3_moe (8 experts,
+2 per token).
 variant: 0, 1, 2, ... vary hidden size, head counts, GQA ratio and tied/untied
 embeddings deterministically (variant 1 is always sharded: tiny max_shard_size,
 so model.safetensors.index.json is exercised). Weights are seeded by
@@ -41,7 +42,7 @@ QWEN3_EOS = [151645, 151643]
 QWEN3_BOS = 151643
 TOKENIZER_VOCAB = 151936
 SMALL_VOCAB = 512
-ARCHES = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+ARCHES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "qwen3_moe")
 
 # (hidden, heads, kv_heads, layers, tied) per variant; head_dim = hidden / heads
 # except for qwen3, which sets head_dim explicitly to something else.
@@ -92,6 +93,12 @@ def _config(arch: str, variant: int, vocab: int, dtype: str):
         return transformers.Qwen2Config(rope_parameters=rope, **common)
     if arch == "qwen3":
         return transformers.Qwen3Config(rope_parameters=rope, head_dim=16 if hidden != 64 else 24, **common)
+    if arch == "qwen3_moe":
+        # 8 experts, 2 per token; variant 0 renormalizes the top 2 and keeps its last layer dense (mlp_only_layers).
+        return transformers.Qwen3MoeConfig(rope_parameters=rope, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                                           moe_intermediate_size=hidden, decoder_sparse_step=1,
+                                           mlp_only_layers=[layers - 1] if variant % 2 == 0 else [],
+                                           norm_topk_prob=variant % 2 == 0, **common)
     raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
 
 

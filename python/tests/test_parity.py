@@ -31,6 +31,8 @@ CASES = [
     ("qwen2", 3, 8, 5),
     ("qwen3", 0, 4, 8),
     ("qwen3", 1, 4, 6),  # sharded safetensors with an index file
+    ("qwen3_moe", 0, 4, 8),  # 8 experts, top 2 renormalized; the last layer dense
+    ("qwen3_moe", 1, 8, 6),  # every layer sparse, top 2 as the router gives them; sharded
 ]
 
 

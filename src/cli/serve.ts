@@ -321,6 +321,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
           outputModalities,
           imageGeneration: info.imageGeneration,
           voicePrompting: info.architectures[0] === "CsmForConditionalGeneration",
+          samplingDefaults: info.samplingDefaults,
           onFirstAudio: (seconds) => metrics.observeFirstAudio(seconds),
         }
       : null,

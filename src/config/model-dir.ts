@@ -50,6 +50,12 @@ export interface ModelDirInfo {
   /** null when the directory has no tokenizer.json (a model without text in or out, e.g. a graph whose nodes bring their own). */
   tokenizerPath: string | null;
   tokenizer: TokenizerSettings;
+  /**
+   * generation_config.json's sampling defaults (null: not given), what a
+   * speech request that names no temperature samples with (CSM's 0.9 and
+   * top-k 50), as vLLM takes a model's generation config for its defaults.
+   */
+  samplingDefaults: SamplingDefaults;
   /** config.json `image_generation`: what an image model's /v1/images/generations accepts; null for other models. */
   imageGeneration: ImageGenerationSpec | null;
   /** A vision-language model (LlavaForConditionalGeneration): how images sit in its prompts; null otherwise. */
@@ -68,6 +74,13 @@ export interface WhisperTokenLayout {
   timestampBegin: number;
   /** Seconds per timestamp step: a 30 s window over 1500 encoder positions. */
   timePrecision: number;
+}
+
+export interface SamplingDefaults {
+  temperature: number | null;
+  topK: number | null;
+  /** What a request naming no max_tokens may generate (CSM: 125 frames, 10 s). */
+  maxNewTokens: number | null;
 }
 
 /** Reads the token layout from a Whisper model's generation_config.json (parsed); throws naming a bad field. */
@@ -282,7 +295,18 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config)
       : architectures[0] === "Qwen2_5_VLForConditionalGeneration" ? readQwenVlPrompt(dir, config) : null,
     speech: architectures[0] === "WhisperForConditionalGeneration" ? readSpeechRecognition(dir, config, generation) : null,
+    samplingDefaults: {
+      temperature: generation ? optionalNumber(generation.temperature, "generation_config.json temperature") : null,
+      topK: generation ? optionalInt(generation.top_k, "generation_config.json top_k") : null,
+      maxNewTokens: generation ? optionalInt(generation.max_new_tokens, "generation_config.json max_new_tokens") : null,
+    },
   };
+}
+
+function optionalNumber(value: unknown, what: string): number | null {
+  if (value === undefined || value === null) return null;
+  if (typeof value !== "number" || !Number.isFinite(value) || value < 0) throw new ModelDirError(`${what} must be a non-negative number`);
+  return value;
 }
 
 function readSpeechRecognition(dir: string, config: JsonObject, generation: JsonObject | null): SpeechRecognition {

@@ -19,7 +19,7 @@ import { samplingOf } from "./sampling.js";
 import { ApiError, badRequest, serverError, serviceUnavailable } from "./openai-error.js";
 import type { RequestSessions, SessionOwner } from "./request-session.js";
 import { parseImageRequest, parseSpeechRequest } from "./request-validation.js";
-import type { ImageGenerationSpec } from "../config/model-dir.js";
+import type { ImageGenerationSpec, SamplingDefaults } from "../config/model-dir.js";
 import { randomInt } from "node:crypto";
 import { mediaHash } from "./media.js";
 
@@ -40,6 +40,14 @@ export interface GraphEndpointsOptions {
   imageGeneration?: ImageGenerationSpec | null;
   /** The model speaks in the voice of reference clips sent to /generate as files (CSM's context utterances). */
   voicePrompting?: boolean;
+  /** generation_config.json's temperature and top-k (what a request naming no temperature samples with) and max_new_tokens. */
+  samplingDefaults?: SamplingDefaults;
+}
+
+/** A graph request's sampling: the client's temperature, else the model's default, else 1; the model's top-k. */
+function graphSampling(options: GraphEndpointsOptions, temperature: number | null, seed: number | null): SamplingParams {
+  const defaults = options.samplingDefaults;
+  return samplingOf(temperature ?? defaults?.temperature ?? 1.0, seed, defaults?.topK ?? 0);
 }
 
 /** When a model's chunks do not say (24 kHz, as OpenAI's speech). */
@@ -129,8 +137,8 @@ export async function handleSpeech(options: GraphEndpointsOptions, request: Fast
   run.start({
     prompt: { text: body.input, inputModalities: ["text"], outputModalities: ["audio"] },
     modelKwargs: { voice: body.voice },
-    sampling: samplingOf(body.temperature, body.seed),
-    maxTokens: body.maxTokens,
+    sampling: graphSampling(options, body.temperature, body.seed),
+    maxTokens: body.maxTokens ?? options.samplingDefaults?.maxNewTokens ?? null,
     priority: 0,
     arrivalMs: startedAt,
   });
@@ -310,7 +318,7 @@ async function readForm(request: FastifyRequest): Promise<MultipartForm> {
 }
 
 /** The sampling fields M*'s model_kwargs carry beside the model's own options. */
-function samplingFromKwargs(kwargs: Record<string, unknown>): { sampling: SamplingParams; maxTokens: number | null; modelKwargs: Record<string, unknown> } {
+function samplingFromKwargs(options: GraphEndpointsOptions, kwargs: Record<string, unknown>): { sampling: SamplingParams; maxTokens: number | null; modelKwargs: Record<string, unknown> } {
   const { seed, temperature, max_tokens: maxTokens, ...modelKwargs } = kwargs;
   if (seed !== undefined && seed !== null && !Number.isSafeInteger(seed)) throw badRequest("model_kwargs.seed must be an integer", "model_kwargs.seed");
   if (temperature !== undefined && (typeof temperature !== "number" || !(temperature >= 0) || temperature > 100)) {
@@ -320,8 +328,8 @@ function samplingFromKwargs(kwargs: Record<string, unknown>): { sampling: Sampli
     throw badRequest("model_kwargs.max_tokens must be a positive integer", "model_kwargs.max_tokens");
   }
   return {
-    sampling: samplingOf((temperature as number | undefined) ?? 1.0, (seed as number | null | undefined) ?? null),
-    maxTokens: (maxTokens as number | null | undefined) ?? null,
+    sampling: graphSampling(options, (temperature as number | undefined) ?? null, (seed as number | null | undefined) ?? null),
+    maxTokens: (maxTokens as number | null | undefined) ?? options.samplingDefaults?.maxNewTokens ?? null,
     modelKwargs,
   };
 }
@@ -369,7 +377,7 @@ export async function handleMultipartGenerate(options: GraphEndpointsOptions, re
       throw badRequest(`output modality ${JSON.stringify(m)} is not produced by this model (it produces ${options.outputModalities.join(", ")})`, "output_modalities");
     }
   }
-  const { sampling, maxTokens, modelKwargs } = samplingFromKwargs(form.modelKwargs);
+  const { sampling, maxTokens, modelKwargs } = samplingFromKwargs(options, form.modelKwargs);
   const startedAt = performance.now();
   // The client's name for its request, echoed back; the engine's id is run.id.
   const run = new GraphRun(options.sessions, request, (id) => form.requestId ?? `generate-${id}`);

@@ -482,7 +482,8 @@ export interface SpeechRequest {
   input: string;
   voice: string;
   format: SpeechFormat;
-  temperature: number;
+  /** null: the model's default (generation_config.json), else 1. */
+  temperature: number | null;
   seed: number | null;
   /** null: the model's own cap. */
   maxTokens: number | null;
@@ -522,7 +523,7 @@ export function parseSpeechRequest(raw: unknown): SpeechRequest {
     input: body.input,
     voice: body.voice,
     format: format as SpeechFormat,
-    temperature: body.temperature ?? 1.0,
+    temperature: body.temperature ?? null,
     seed: body.seed ?? null,
     maxTokens: body.max_tokens ?? null,
   };

@@ -68,12 +68,12 @@ export function toSamplingParams(req: SamplingRequest, limits: ModelLimits): Sam
   };
 }
 
-/** A graph request's sampling: its temperature and seed, every other knob off (the graph routes take no more). */
-export function samplingOf(temperature: number, seed: number | null): SamplingParams {
+/** A graph request's sampling: its temperature, seed and top-k (0: off), every other knob off (the graph routes take no more). */
+export function samplingOf(temperature: number, seed: number | null, topK = 0): SamplingParams {
   return {
     temperature: temperature < GREEDY_EPSILON ? 0 : temperature,
     top_p: 1,
-    top_k: 0,
+    top_k: topK,
     min_p: 0,
     seed,
     presence_penalty: 0,

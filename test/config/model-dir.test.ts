@@ -42,6 +42,13 @@ describe("readModelDir", () => {
     assert.deepEqual(info.eosTokenIds, [151645, 151643]);
   });
 
+  test("generation_config.json's sampling defaults; a bad one is named", () => {
+    const info = readModelDir(modelDir({ "config.json": CONFIG, "generation_config.json": { temperature: 0.9, top_k: 50, max_new_tokens: 125 } }));
+    assert.deepEqual(info.samplingDefaults, { temperature: 0.9, topK: 50, maxNewTokens: 125 });
+    assert.deepEqual(readModelDir(modelDir({ "config.json": CONFIG })).samplingDefaults, { temperature: null, topK: null, maxNewTokens: null });
+    assert.throws(() => readModelDir(modelDir({ "config.json": CONFIG, "generation_config.json": { temperature: "hot" } })), /generation_config.json temperature/);
+  });
+
   test("config.json eos list when generation_config.json has none", () => {
     const info = readModelDir(modelDir({ "config.json": { ...CONFIG, eos_token_id: [1, 2] }, "generation_config.json": { do_sample: true } }));
     assert.deepEqual(info.eosTokenIds, [1, 2]);

@@ -171,6 +171,10 @@ print(json.dumps({"pcm": base64.b64encode(whole).decode(), "wav": base64.b64enco
     assertSamePcm(y.body, x.body, "the same seed");
     const close = z.body.length === x.body.length && z.body.every((_, i) => i % 2 === 1 || Math.abs(z.body.readInt16LE(i) - x.body.readInt16LE(i)) <= 1);
     assert.ok(!close, "another seed speaks otherwise");
+    // No temperature and no max_tokens: generation_config.json's sampling (0.9, top-k 50), at most its 125 frames.
+    const defaults = await post(`${server.url}/v1/audio/speech`, JSON.stringify({ input: TEXTS[4], voice: "1", response_format: "pcm", seed: 3 }), { "content-type": "application/json" });
+    assert.equal(defaults.status, 200);
+    assert.ok(defaults.body.length > 0 && defaults.body.length <= 125 * 1920 * 2, `${defaults.body.length / 2} samples`);
   });
 
   test("bad requests are a 400 naming the field", async () => {
@@ -189,8 +193,8 @@ print(json.dumps({"pcm": base64.b64encode(whole).decode(), "wav": base64.b64enco
     await bad(generate(server, { text: "Hi.", speaker: "0", context: [{ text: "Words.", speaker: "0", wav: junk }] }, false), 400, /files\[0\]|audio/);
   });
 
-  test("clients that leave mid-stream free every KV block and tensor", async () => {
-    const clients = Array.from({ length: 60 }, async (_, i) => {
+  test("200 clients that leave mid-stream or before any byte free every KV block and tensor", async () => {
+    const clients = Array.from({ length: 200 }, async (_, i) => {
       const controller = new AbortController();
       try {
         if (i % 2 === 1) setTimeout(() => controller.abort(), 10 + (i % 7) * 25);

@@ -45,6 +45,8 @@ const CASES: ArchCase[] = [
   { arch: "mistral", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "16", "--max-num-seqs", "4"] },
   { arch: "qwen2", variant: 1, flags: ["--max-num-batched-tokens", "32", "--block-size", "8"] },
   { arch: "qwen3", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "4"], overlap: true },
+  // A mixture of experts: 8 experts, 2 per token, the tokens of every expert batched per step.
+  { arch: "qwen3_moe", variant: 0, flags: ["--max-num-batched-tokens", "16", "--block-size", "4"] },
 ];
 
 for (const { arch, variant, flags, overlap } of CASES) {

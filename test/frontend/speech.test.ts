@@ -26,7 +26,7 @@ describe("speech requests", () => {
       input: "Hello there.",
       voice: "alloy",
       format: "wav",
-      temperature: 1,
+      temperature: null,
       seed: null,
       maxTokens: null,
     });

@@ -18,6 +18,7 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # A decoder saved as its base model (an embedding model: sentence-transformers
@@ -27,7 +28,10 @@ BASE_MODEL_ARCHITECTURES = {
     "MistralModel": "MistralForCausalLM",
     "Qwen2Model": "Qwen2ForCausalLM",
     "Qwen3Model": "Qwen3ForCausalLM",
+    "Qwen3MoeModel": "Qwen3MoeForCausalLM",
 }
+# Architectures whose q and k are RMS-normed per head before the rotation.
+_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
 
 class ConfigError(Exception):
@@ -45,6 +49,18 @@ class RopeConfig:
     partial_rotary_factor: float = 1.0
     # Multimodal rotary (Qwen2-VL family): the rotary half-dimensions taken from the (t, h, w) position streams, in turn.
     mrope_section: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts MLP (Qwen3-MoE): each token's router picks top_k of num_experts experts, each
+    a SiLU MLP of intermediate_size, and sums their outputs weighted by the router's probabilities."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool  # the top_k probabilities renormalized to sum to 1
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP (mlp_only_layers)
 
 
 @dataclass
@@ -69,6 +85,8 @@ class ModelConfig:
     sliding_windows: list[int | None] = field(default_factory=list)
     torch_dtype: str | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # Mixture-of-experts layers (None: every layer's MLP is dense).
+    moe: MoeConfig | None = None
 
 
 def read_json(path: Path) -> dict:
@@ -112,7 +130,7 @@ def _sliding_windows(raw: dict, architecture: str, num_layers: int) -> list[int 
         return [window if kind == "sliding_attention" else None for kind in layer_types]
     if architecture == "MistralForCausalLM":
         return [window] * num_layers
-    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and raw.get("use_sliding_window") and window:
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") and raw.get("use_sliding_window") and window:
         # HF: layers from max_window_layers on use the window.
         first = raw.get("max_window_layers", num_layers)
         return [window if i >= first else None for i in range(num_layers)]
@@ -137,6 +155,7 @@ TEXT_MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
     "qwen2_5_vl_text": "Qwen2ForCausalLM",  # Qwen2.5-VL's language model: Qwen2 with multimodal rotary positions
 }
 
@@ -199,9 +218,32 @@ def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: st
         qkv_bias=qwen2 or bool(raw.get("attention_bias", False)),
         o_bias=(not qwen2) and bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
-        qk_norm=architecture == "Qwen3ForCausalLM",
+        qk_norm=architecture in _QK_NORM,
         rope=_rope_config(raw),
         sliding_windows=_sliding_windows(raw, architecture, num_layers),
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
         eos_token_ids=eos or _eos_ids(raw.get("eos_token_id")),
+        moe=_moe_config(raw, path, num_layers) if architecture == "Qwen3MoeForCausalLM" else None,
+    )
+
+
+def _moe_config(raw: dict, path: Path, num_layers: int) -> MoeConfig | None:
+    """Qwen3MoeConfig's fields (num_experts is also saved as num_local_experts); None when it has no experts."""
+    experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+    if experts <= 0:
+        return None
+    step = int(raw.get("decoder_sparse_step", 1))
+    dense = {int(i) for i in raw.get("mlp_only_layers") or []}
+    top_k = int(_require(raw, "num_experts_per_tok", path))
+    if not 1 <= top_k <= experts:
+        raise ConfigError(f"{path}: num_experts_per_tok {top_k} must be in [1, {experts}]")
+    if step < 1:
+        raise ConfigError(f"{path}: decoder_sparse_step must be >= 1, got {step}")
+    return MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        intermediate_size=int(_require(raw, "moe_intermediate_size", path)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        # Qwen3MoeDecoderLayer: experts where the layer is not MLP-only and (i + 1) % decoder_sparse_step == 0.
+        sparse_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers)),
     )

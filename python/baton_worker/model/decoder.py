@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from ..attention import StepAttention
 from ..parallel.tensor_parallel import Partition, TensorParallelGroup
 from ..sampling.head_screen import HeadScreen, native_screen_kind
-from .config import ModelConfig
+from .config import ModelConfig, MoeConfig
 from .layer_ops import TorchOps, TritonOps
 from .rope import Rotary
 from .weights import WeightReader
@@ -40,11 +40,27 @@ class LayerWeights:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     post_norm: torch.Tensor
-    # gate/up fused (rows gate, then up), or two when unfused.
+    # gate/up fused (rows gate, then up), or two when unfused; empty in a mixture-of-experts layer.
     gate_up: list[torch.Tensor]
     gate_up_bias: list[torch.Tensor | None]
-    down_proj: torch.Tensor
+    down_proj: torch.Tensor | None
     down_bias: torch.Tensor | None
+    # A mixture-of-experts layer's router and experts (None: the dense MLP above).
+    moe: MoeWeights | None = None
+
+
+@dataclass
+class MoeWeights:
+    """A mixture-of-experts MLP: the router [experts, hidden], every expert's gate and up rows fused
+    [experts, 2 * intermediate, hidden] (as transformers holds them) and its down [experts, hidden, intermediate]."""
+
+    router: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    config: MoeConfig
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.router, self.gate_up, self.down]
 
 
 def _fused(parts: list[torch.Tensor | None], fuse: bool) -> list[torch.Tensor | None]:
@@ -70,6 +86,14 @@ def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool, p
     def opt(name: str, wanted: bool) -> torch.Tensor | None:
         return reader.get(p + name) if wanted else None
 
+    moe = config.moe
+    sparse = moe is not None and moe.sparse_layers[i]
+    if sparse and part is not None:
+        raise ValueError("mixture-of-experts layers do not run tensor parallel")
+
+    def experts(name: str) -> list[torch.Tensor]:
+        return [reader.get(f"{mlp}experts.{e}.{name}_proj.weight") for e in range(moe.num_experts)]
+
     return LayerWeights(
         input_norm=reader.get(p + "input_layernorm.weight"),
         qkv=_fused([qkv_rows(n, reader.get(attn + f"{n}_proj.weight")) for n in "qkv"], fuse),
@@ -81,12 +105,18 @@ def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool, p
         q_norm=opt("self_attn.q_norm.weight", config.qk_norm),
         k_norm=opt("self_attn.k_norm.weight", config.qk_norm),
         post_norm=reader.get(p + "post_attention_layernorm.weight"),
-        gate_up=_fused([inter_rows(reader.get(mlp + f"{n}_proj.weight")) for n in ("gate", "up")], fuse),
-        gate_up_bias=_fused(
+        gate_up=[] if sparse else _fused([inter_rows(reader.get(mlp + f"{n}_proj.weight")) for n in ("gate", "up")], fuse),
+        gate_up_bias=[] if sparse else _fused(
             [inter_rows(reader.get(mlp + f"{n}_proj.bias")) if config.mlp_bias else None for n in ("gate", "up")], fuse
         ),
-        down_proj=down_columns(reader.get(mlp + "down_proj.weight")),
-        down_bias=opt("mlp.down_proj.bias", config.mlp_bias),
+        down_proj=None if sparse else down_columns(reader.get(mlp + "down_proj.weight")),
+        down_bias=None if sparse else opt("mlp.down_proj.bias", config.mlp_bias),
+        moe=MoeWeights(
+            router=reader.get(mlp + "gate.weight"),
+            gate_up=torch.stack([torch.cat(pair) for pair in zip(experts("gate"), experts("up"))]),
+            down=torch.stack(experts("down")),
+            config=moe,
+        ) if sparse else None,
     )
 
 
@@ -236,7 +266,10 @@ class DecoderModel:
         tensors = [self.embed, self.norm] + [t for t in head if t is not self.embed]
         for layer in self.layers:
             for value in vars(layer).values():
-                tensors += [t for t in (value if isinstance(value, list) else [value]) if t is not None]
+                if isinstance(value, MoeWeights):
+                    tensors += value.tensors()
+                elif isinstance(value, (list, torch.Tensor)):
+                    tensors += [t for t in (value if isinstance(value, list) else [value]) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     @torch.inference_mode()
@@ -317,6 +350,8 @@ class DecoderModel:
         return self._row_parallel(out, layer.o_proj, layer.o_bias)
 
     def _mlp(self, i: int, layer: LayerWeights, h: torch.Tensor, lora: LoraBatch | None = None) -> torch.Tensor:
+        if layer.moe is not None:
+            return self._experts(layer.moe, h)
         if len(layer.gate_up) == 1:
             gate_up = F.linear(h, layer.gate_up[0], layer.gate_up_bias[0])
             if lora is not None:
@@ -331,6 +366,34 @@ class DecoderModel:
                 lora.add_(y, act, i, self.lora_groups.down)
             return y
         return self._row_parallel(act, layer.down_proj, layer.down_bias)
+
+    def _experts(self, moe: MoeWeights, h: torch.Tensor) -> torch.Tensor:
+        """The mixture of experts over the step's tokens h [T, hidden], grouped per expert: the tokens routed
+        to an expert go through it in one pair of matrix multiplies. transformers' arithmetic (Qwen3MoeExperts):
+        the router's softmax in float32, top-k, renormalized when the config says so, cast back; each
+        expert's output scaled by its weight and added into the token's sum in ascending expert order."""
+        c = moe.config
+        logits = F.linear(h, moe.router)
+        probs = F.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, c.top_k, dim=-1)
+        if c.norm_topk_prob:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(logits.dtype).reshape(-1)
+        flat = chosen.reshape(-1)
+        # Every (token, choice) pair sorted by its expert; one host read of the counts per layer.
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=c.num_experts).tolist()
+        out = torch.zeros_like(h)
+        start = 0
+        for expert, n in enumerate(counts):
+            if n == 0:
+                continue
+            pairs = order[start : start + n]
+            start += n
+            tokens = pairs // c.top_k
+            y = F.linear(self.ops.silu_mul(F.linear(h.index_select(0, tokens), moe.gate_up[expert])), moe.down[expert])
+            out.index_add_(0, tokens, y * weights.index_select(0, pairs)[:, None])
+        return out
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A row-parallel projection: this rank's partial sum, all-reduced, then the (whole) bias once."""

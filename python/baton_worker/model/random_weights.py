@@ -103,4 +103,5 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             elif name.endswith("bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
             else:
-                param.copy_(torch.randn(param.shape, generator=generator) * PROJECTION_GAIN / param.shape[1] ** 0.5)
+                # The last dimension is the input's, for stacked experts [experts, out, in] too.
+                param.copy_(torch.randn(param.shape, generator=generator) * PROJECTION_GAIN / param.shape[-1] ** 0.5)

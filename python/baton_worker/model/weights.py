@@ -167,7 +167,14 @@ def _decoder_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         a, m = p + "self_attn.", p + "mlp."
         shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
         shapes.update({a + "q_proj.weight": (q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h), a + "o_proj.weight": (h, q)})
-        shapes.update({m + "gate_proj.weight": (i, h), m + "up_proj.weight": (i, h), m + "down_proj.weight": (h, i)})
+        if c.moe is not None and c.moe.sparse_layers[layer]:
+            e = c.moe.intermediate_size
+            shapes[m + "gate.weight"] = (c.moe.num_experts, h)
+            for x in range(c.moe.num_experts):
+                x = f"{m}experts.{x}."
+                shapes.update({x + "gate_proj.weight": (e, h), x + "up_proj.weight": (e, h), x + "down_proj.weight": (h, e)})
+        else:
+            shapes.update({m + "gate_proj.weight": (i, h), m + "up_proj.weight": (i, h), m + "down_proj.weight": (h, i)})
         if c.qkv_bias:
             shapes.update({a + "q_proj.bias": (q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,)})
         if c.o_bias:

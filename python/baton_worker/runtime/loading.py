@@ -255,6 +255,9 @@ def _load_decoder(
     else:
         config = load_model_config(model_dir, lenient=dummy, text_config=layout.text_config if layout else None)
     dtype = resolve_dtype(opts.dtype, config, device)
+    if config.moe is not None and (tp is not None or opts.max_loras > 0 or pooling):
+        what = "tensor parallelism" if tp is not None else "LoRA adapters" if opts.max_loras > 0 else "a pooling runner"
+        raise ConfigError(f"{model_dir.name}: a mixture-of-experts model is served without {what}")
     if tp is not None and dummy:
         raise ConfigError("--tensor-parallel-size above 1 needs real weights (not --load-format dummy-null)")
     model, cache, attention, head = None, None, None, None
@@ -324,8 +327,9 @@ def _load_decoder(
     # Captured graphs would have to include the ranks' collectives: tensor parallel decodes run eagerly.
     # With LoRA on none are captured: a replay would run without the step's adapters (their segments change every step).
     # An encoder-decoder's steps run eagerly too: the graphs capture no cross attention.
+    # A mixture of experts reads its routing on the host every layer: no graph can capture that.
     if getattr(attention, "name", None) == "triton" and device.type == "cuda" and tp is None and not opts.enforce_eager and lora is None \
-            and runner.cross is None and not custom:
+            and runner.cross is None and not custom and config.moe is None:
         rows = opts.max_num_seqs * (1 + (opts.num_speculative_tokens if runner.proposer is not None else 0))
         runner.graphs = _capture_graphs(model, attention, -(-max_model_len // opts.block_size), rows)
     return _Decoder(runner, config, num_blocks, max_model_len, dtype, device, cache)
