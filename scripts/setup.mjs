@@ -127,6 +127,10 @@ const DEMOS = [
   // `baton serve models/demo-whisper`: a random-weight Whisper, GPT-2's tokenizer with Whisper's tokens.
   { stamp: "demoWhisper", dir: "demo-whisper", module: "baton_worker.models.whisper.build", files: ["python/baton_worker/models/whisper/build.py"],
     outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-gpt2" },
+  // `baton serve models/demo-qwen3-omni`: a random-weight Qwen3-Omni (thinker, talker, code2wav); text chat for now.
+  { stamp: "demoQwen3Omni", dir: "demo-qwen3-omni", module: "baton_worker.models.qwen3_omni.build",
+    files: ["python/baton_worker/models/qwen3_omni/build.py", "python/baton_worker/model/random_weights.py"],
+    outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-qwen3" },
   // `baton serve models/demo-csm`: a random-weight CSM (backbone, depth decoder, Mimi) with Llama 3's tokenizer.
   { stamp: "demoCsm", dir: "demo-csm", module: "baton_worker.models.csm.build", files: ["python/baton_worker/models/csm/build.py"],
     outputs: ["model.safetensors", "tokenizer.json"], tokenizer: "tokenizer-llama3" },

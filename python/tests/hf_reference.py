@@ -28,6 +28,10 @@ def load_model(model_dir: str | Path, dtype: str | None = None):
     import transformers
 
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {"dtype": "auto"}
+    architectures = json.loads((Path(model_dir) / "config.json").read_text()).get("architectures") or []
+    if architectures[:1] == ["Qwen3OmniMoeForConditionalGeneration"]:
+        # Text in, text out is the thinker's own generate.
+        return transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(model_dir), **kwargs).thinker.eval()
     model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
     model.eval()
     return model

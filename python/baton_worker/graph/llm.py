@@ -28,20 +28,22 @@ NODE_ENGINES = {LLM_NODE: EngineType.KV_CACHE}
 
 
 class LLMGraphModel(GraphModel):
-    def __init__(self, max_model_len: int) -> None:
+    def __init__(self, max_model_len: int, node: str = LLM_NODE) -> None:
+        """node: the KV-cache node's name (a composite model's text-only graph names its decoder, e.g. thinker)."""
         if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 1:
             raise ValueError(f"max_model_len must be a positive int, got {max_model_len!r}")
         self.max_model_len = max_model_len
+        self.node = node
 
     def get_node_engine_types(self) -> dict[str, EngineType]:
-        return dict(NODE_ENGINES)
+        return {self.node: EngineType.KV_CACHE}
 
     # get_stop_token_ids: the default (none). The frontend adds the tokenizer's
     # EOS ids and the request's stop ids itself, as it always has for a plain LLM.
 
     def get_graph_walk_graphs(self) -> dict[str, GraphSection]:
         prefill = GraphNode(
-            LLM_NODE,
+            self.node,
             [TEXT_INPUTS],
             [
                 # The first sampled token goes to the conductor, which starts decode with it.
@@ -51,10 +53,10 @@ class LLMGraphModel(GraphModel):
         )
         decode = Loop(
             GraphNode(
-                LLM_NODE,
+                self.node,
                 [TEXT_INPUTS],
                 [
-                    GraphEdge(LLM_NODE, TEXT_INPUTS),
+                    GraphEdge(self.node, TEXT_INPUTS),
                     GraphEdge(EMIT_TO_CLIENT, NEW_TOKEN, output_modality="text"),
                 ],
             ),
@@ -69,11 +71,11 @@ class LLMGraphModel(GraphModel):
     def get_walk_transitions(self) -> dict[str, PartitionTransitions]:
         return {
             DEFAULT_PARTITION: PartitionTransitions(
-                start=WalkStep(PREFILL_WALK, [WalkInput(LLM_NODE, TEXT_INPUTS, "prompt", TEXT_INPUTS)]),
+                start=WalkStep(PREFILL_WALK, [WalkInput(self.node, TEXT_INPUTS, "prompt", TEXT_INPUTS)]),
                 after={
                     PREFILL_WALK: WalkStep(
                         DECODE_WALK,
-                        [WalkInput(LLM_NODE, TEXT_INPUTS, "persist", NEW_TOKEN)],
+                        [WalkInput(self.node, TEXT_INPUTS, "persist", NEW_TOKEN)],
                         release=[NEW_TOKEN],
                     ),
                     DECODE_WALK: WalkStep(""),
@@ -82,6 +84,6 @@ class LLMGraphModel(GraphModel):
         }
 
     def get_submodule(self, node_name: str, device: str | torch.device = "cpu") -> torch.nn.Module | None:
-        if node_name != LLM_NODE:
+        if node_name != self.node:
             raise KeyError(f"the LLM graph has no node {node_name!r}")
         return None  # the engine core runs it

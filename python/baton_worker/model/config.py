@@ -156,6 +156,7 @@ TEXT_MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen3_omni_moe_text": "Qwen3MoeForCausalLM",  # Qwen3-Omni's thinker: Qwen3-MoE with multimodal rotary positions
     "qwen2_5_vl_text": "Qwen2ForCausalLM",  # Qwen2.5-VL's language model: Qwen2 with multimodal rotary positions
 }
 
@@ -166,8 +167,8 @@ def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: st
     lenient: fill missing shape fields with small defaults; used by the
     dummy-null load format, which only needs vocab_size.
     text_config: the key of config.json holding the decoder's own config (a
-    vision-language model's "text_config"); its architecture may be named by
-    model_type alone.
+    vision-language model's "text_config", or a dotted path to a nested one);
+    its architecture may be named by model_type alone.
     """
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
@@ -175,7 +176,9 @@ def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: st
     path = model_dir / "config.json"
     raw = read_json(path)
     if text_config is not None:
-        raw = raw.get(text_config)
+        # A dotted key reaches a nested object (Qwen3-Omni: thinker_config.text_config).
+        for key in text_config.split("."):
+            raw = raw.get(key) if isinstance(raw, dict) else None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} has no {text_config} object")
         if not raw.get("architectures") and raw.get("model_type") in TEXT_MODEL_TYPES:

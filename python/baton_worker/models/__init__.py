@@ -30,6 +30,8 @@ GRAPH_ARCHITECTURES: dict[str, str] = {
     "WhisperForConditionalGeneration": "baton_worker.models.whisper.graph_model:WhisperGraphModel",
     # CSM: the backbone (and its depth decoder) streaming frames to Mimi's decoder (text to speech).
     "CsmForConditionalGeneration": "baton_worker.models.csm.graph_model:CsmGraphModel",
+    # Qwen3-Omni: the thinker's mixture-of-experts text model (text chat; the encoders and the talker come next).
+    "Qwen3OmniMoeForConditionalGeneration": "baton_worker.models.qwen3_omni.graph_model:Qwen3OmniGraphModel",
 }
 
 
