@@ -12,7 +12,7 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { request as httpRequest } from "node:http";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { processesMatching, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
+import { assertNothingHeld, metricValue, processesMatching, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
 
 const dir = tempDir("csm");
 after(() => removeDir(dir));
@@ -105,9 +105,6 @@ function assertSamePcm(got: Buffer, want: Buffer, what: string): void {
   assert.ok(differing <= got.length / 2 / 100, `${what}: ${differing} of ${got.length / 2} samples differ`);
 }
 
-function metric(text: string, name: string): number {
-  return Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
-}
 
 const TEXTS = [
   "Hello from Sesame.",
@@ -147,7 +144,7 @@ describe("CSM: speech from a Hugging Face directory", () => {
     assert.ok(lengths.size >= 4, "requests stop after different numbers of frames");
     assert.ok(expected.every((e) => e.frames.length < MAX_FRAMES && e.frames.at(-1)!.slice(0, -1).every((c) => c === 0)), "every reference ended on its stop frame");
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
-    assert.ok(metric(metrics, "vllm:num_preemptions_total") > 0, "some requests were preempted");
+    assert.ok(metricValue(metrics, "vllm:num_preemptions_total") > 0, "some requests were preempted");
   });
 
   test("the openai Python client speaks; a seed makes sampled speech repeatable", async () => {
@@ -212,14 +209,7 @@ print(json.dumps({"pcm": base64.b64encode(whole).decode(), "wav": base64.b64enco
       }
     });
     await Promise.all(clients);
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      const text = await (await fetch(`${server.url}/metrics`)).text();
-      const [running, usage, tensors] = [metric(text, "vllm:num_requests_running"), metric(text, "vllm:kv_cache_usage_perc"), metric(text, "baton:graph_tensors_held")];
-      if (running === 0 && usage === 0 && tensors === 0) break;
-      assert.ok(Date.now() < deadline, `still held after the disconnects: running ${running}, kv usage ${usage}, tensors ${tensors}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    await assertNothingHeld(server.url);
     const r = await speech(server, cases[0]!);
     assertSamePcm(r.body, expected[0]!.pcm, "after the disconnects");
   });

@@ -183,3 +183,20 @@ export function promptIdsOf(response: CompletionWithIds): number[] {
   if (!ids) throw new Error(`response has no prompt_token_ids: ${JSON.stringify(response)}`);
   return ids;
 }
+
+/** One sample of a metric from /metrics text (the first series of that name); NaN when absent. */
+export function metricValue(text: string, name: string): number {
+  return Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
+}
+
+/** Waits until the server runs no request and holds no KV block and no graph tensor (after clients left). */
+export async function assertNothingHeld(url: string, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const text = await (await fetch(`${url}/metrics`)).text();
+    const [running, usage, tensors] = ["vllm:num_requests_running", "vllm:kv_cache_usage_perc", "baton:graph_tensors_held"].map((name) => metricValue(text, name));
+    if (running === 0 && usage === 0 && tensors === 0) return;
+    if (Date.now() > deadline) throw new Error(`still held after the clients left: running ${running}, kv usage ${usage}, tensors ${tensors}`);
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}

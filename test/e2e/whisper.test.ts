@@ -12,7 +12,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { whisperLanguageName } from "../../src/text/whisper-transcript.js";
-import { processesMatching, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
+import { assertNothingHeld, processesMatching, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
 
 const dir = tempDir("whisper");
 after(() => removeDir(dir));
@@ -216,15 +216,7 @@ print(json.dumps({"text": text, "segments": len(verbose.segments), "language": v
       }
     });
     await Promise.all(clients);
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      const text = await (await fetch(`${server.url}/metrics`)).text();
-      const value = (name: string): number => Number(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
-      const [running, usage, tensors] = [value("vllm:num_requests_running"), value("vllm:kv_cache_usage_perc"), value("baton:graph_tensors_held")];
-      if (running === 0 && usage === 0 && tensors === 0) break;
-      assert.ok(Date.now() < deadline, `still held after the disconnects: running ${running}, kv usage ${usage}, tensors ${tensors}`);
-      await new Promise((r) => setTimeout(r, 200));
-    }
+    await assertNothingHeld(server.url);
     // And the server still answers.
     const r = await transcribe(server.url, "/v1/audio/transcriptions", { language: "en" }, wav);
     assert.equal(r.status, 200);

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from ..llava.vision import activation
+from ..windowed_codec import aligned, keep_mask, window_attention, window_mask, window_rope
 
 # CsmForConditionalGeneration keeps its Mimi under `codec_model`; a MimiModel
 # directory (kyutai/mimi) stores the same names with no prefix.
@@ -171,20 +172,6 @@ def receptive_field(config: dict) -> tuple[int, int]:
     return t - _earliest(head + seanet, first_sample), t * steps_per_frame - _earliest(seanet, first_sample)
 
 
-def _aligned(get: Callable[[str], torch.Tensor]) -> Callable[[str], torch.Tensor]:
-    """`get` whose CPU tensors start on a 64-byte boundary.
-
-    A tensor viewing a safetensors buffer can be misaligned, and oneDNN then
-    takes other code paths, rounding differently from transformers' parameters.
-    """
-
-    def aligned_get(name: str) -> torch.Tensor:
-        t = get(name)
-        return t.clone() if t.device.type == "cpu" and t.data_ptr() % 64 else t
-
-    return aligned_get
-
-
 class MimiDecoder(torch.nn.Module):
     """codes [batch, codebooks, frames] -> PCM [batch, audio_channels, frames * frame_samples].
 
@@ -198,7 +185,7 @@ class MimiDecoder(torch.nn.Module):
         if not c["use_causal_conv"] or c["trim_right_ratio"] != 1.0 or c["pad_mode"] != "constant":
             # Other settings look ahead or pad differently; no Mimi checkpoint uses them.
             raise ValueError("Mimi's decoder needs use_causal_conv=true, trim_right_ratio=1.0 and pad_mode='constant'")
-        get = _aligned(get)
+        get = aligned(get)
         p = prefix
         self.sampling_rate = int(c["sampling_rate"])
         self.audio_channels = int(c["audio_channels"])
@@ -331,7 +318,7 @@ class MimiDecoder(torch.nn.Module):
         spf = self.steps_per_frame
         # Each row's first real position at the transformer's rate, and its mask of real positions.
         starts = pads * spf
-        x = self._dequantize(codes) * _keep(pads, longest, self.dtype)
+        x = self._dequantize(codes) * keep_mask(pads, longest)
         x = self._transformer(self._upsample(x), starts)
         # The SEANet runs over the region every row needs: its new frames and the context their samples reach.
         firsts = [int(p) * spf + max(0, (w.shape[-1] - int(n)) * spf - self.seanet_context_steps)
@@ -378,48 +365,19 @@ class MimiDecoder(torch.nn.Module):
         positions begin; before that a row is padding, which no position of the row attends."""
         h = x.transpose(1, 2)
         steps = h.shape[1]
-        positions = torch.arange(steps, device=h.device)[None, :, None].float()
-        if starts is not None:
-            positions = positions - starts[:, None, None].float()
-        # MimiRotaryEmbedding: the outer product as a matmul, then cos/sin of [freqs, freqs].
-        freqs = (self.inv_freq[None, :, None].to(h.device) @ positions.transpose(1, 2)).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(h.dtype)[:, None], emb.sin().to(h.dtype)[:, None]
-        mask = None
-        if steps >= self.window or starts is not None:
-            # transformers' sliding-window mask; shorter sequences use SDPA's is_causal as it does.
-            i = torch.arange(steps, device=h.device)
-            mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - self.window))[None, None]
-            if starts is not None:
-                # A padding query attends itself alone (a row of nothing but masks would be NaN).
-                own = i[None, None, None, :] >= starts[:, None, None, None]
-                mask = (mask & own) | (torch.eye(steps, dtype=torch.bool, device=h.device) & ~own.transpose(-1, -2))
+        cos, sin = window_rope(self.inv_freq, steps, starts, h.dtype, h.device)
+        mask = window_mask(steps, self.window, starts, h.device)
         for w in self.layers:
             y = F.layer_norm(h, (self.hidden,), *w["input_layernorm"], self.norm_eps)
-            h = h + w["attn_scale"] * self._attention(y, w, cos, sin, mask)
+            h = h + w["attn_scale"] * window_attention(y, w, cos, sin, mask, self.heads, self.kv_heads, self.head_dim, self.scaling)
             y = F.layer_norm(h, (self.hidden,), *w["post_attention_layernorm"], self.norm_eps)
             h = h + w["mlp_scale"] * F.linear(self.act(F.linear(y, w["fc1"])), w["fc2"])
         return h.transpose(1, 2)
 
-    def _attention(self, h: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, _ = h.shape
-        q, k, v = (F.linear(h, *w[n]).view(b, t, -1, self.head_dim).transpose(1, 2) for n in "qkv")
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        extra = {}
-        if self.heads != self.kv_heads:
-            # transformers lets SDPA broadcast the kv heads when there is no mask and repeats them otherwise.
-            if mask is None:
-                extra["enable_gqa"] = True
-            else:
-                k, v = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (k, v))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=self.scaling, is_causal=mask is None and t > 1, **extra)
-        return F.linear(out.transpose(1, 2).contiguous().reshape(b, t, -1), *w["o"])
-
     def _seanet(self, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
         """starts [B] (decode_windows): each row's first own position; every convolution sees zeros before
         it, as the causal padding of a row decoded alone does."""
-        keep = None if starts is None else _keep(starts, x.shape[-1], x.dtype)
+        keep = None if starts is None else keep_mask(starts, x.shape[-1])
         for layer in self.seanet:
             kind = layer[0]
             if kind == "elu":
@@ -432,7 +390,7 @@ class MimiDecoder(torch.nn.Module):
                 x = x[..., : x.shape[-1] - stride]
                 if starts is not None:
                     starts = starts * stride
-                    keep = _keep(starts, x.shape[-1], x.dtype)
+                    keep = keep_mask(starts, x.shape[-1])
             else:
                 _, convs, shortcut = layer
                 y = x
@@ -443,18 +401,8 @@ class MimiDecoder(torch.nn.Module):
         return x
 
 
-def _keep(starts: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
-    """[B, 1, length]: 1 from each row's start on, 0 before (its padding)."""
-    return (torch.arange(length, device=starts.device)[None, :] >= starts[:, None]).to(dtype)[:, None, :]
-
-
 def _causal_conv(x: torch.Tensor, layer: tuple) -> torch.Tensor:
     """MimiConv1d with use_causal_conv at stride 1: (kernel - 1) * dilation zeros on the left, none on the right."""
     _, weight, bias, dilation = layer
     x = F.pad(x, ((weight.shape[-1] - 1) * dilation, 0), "constant", 0.0)
     return F.conv1d(x, weight, bias, 1, 0, dilation)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from ..llava.vision import activation
+from ..windowed_codec import aligned, keep_mask, window_attention, window_mask, window_rope
 
 # Qwen3OmniMoeForConditionalGeneration keeps the module under `code2wav`.
 CODE2WAV_PREFIX = "code2wav."
@@ -163,17 +164,6 @@ def receptive_field(config: dict) -> tuple[int, int]:
     return conv + int(c["num_hidden_layers"]) * (int(c["sliding_window"]) - 1), conv
 
 
-def _aligned(get: Callable[[str], torch.Tensor]) -> Callable[[str], torch.Tensor]:
-    """`get` whose CPU tensors start on a 64-byte boundary (a misaligned safetensors
-    view can make oneDNN round differently from transformers' parameters)."""
-
-    def aligned_get(name: str) -> torch.Tensor:
-        t = get(name)
-        return t.clone() if t.device.type == "cpu" and t.data_ptr() % 64 else t
-
-    return aligned_get
-
-
 class Code2Wav(torch.nn.Module):
     """codes [batch, num_quantizers, frames] -> waveform [batch, 1, output_length(frames)] in [-1, 1].
 
@@ -184,7 +174,7 @@ class Code2Wav(torch.nn.Module):
     def __init__(self, get: Callable[[str], torch.Tensor], config: dict, prefix: str = CODE2WAV_PREFIX):
         super().__init__()
         c = code2wav_config(config)
-        get = _aligned(get)
+        get = aligned(get)
         p = prefix
         self.sampling_rate = SAMPLING_RATE
         self.codebook_size = int(c["codebook_size"])
@@ -363,43 +353,14 @@ class Code2Wav(torch.nn.Module):
         """[B, T, hidden] -> [B, hidden, T]. starts [B] (decode_windows): where each row's own
         frames begin; before that a row is padding, which no position of the row attends."""
         steps = h.shape[1]
-        positions = torch.arange(steps, device=h.device)[None, :, None].float()
-        if starts is not None:
-            positions = positions - starts[:, None, None].float()
-        # Qwen3OmniMoeRotaryEmbedding: the outer product as a matmul, then cos/sin of [freqs, freqs].
-        freqs = (self.inv_freq[None, :, None].to(h.device) @ positions.transpose(1, 2)).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(h.dtype)[:, None], emb.sin().to(h.dtype)[:, None]
-        mask = None
-        if steps >= self.window or starts is not None:
-            # transformers' sliding-window mask; shorter sequences use SDPA's is_causal as it does.
-            i = torch.arange(steps, device=h.device)
-            mask = ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - self.window))[None, None]
-            if starts is not None:
-                # A padding query attends itself alone (a row of nothing but masks would be NaN).
-                own = i[None, None, None, :] >= starts[:, None, None, None]
-                mask = (mask & own) | (torch.eye(steps, dtype=torch.bool, device=h.device) & ~own.transpose(-1, -2))
+        cos, sin = window_rope(self.inv_freq, steps, starts, h.dtype, h.device)
+        mask = window_mask(steps, self.window, starts, h.device)
         for w in self.layers:
             y = self._rms(h, w["input_layernorm"])
-            h = h + w["attn_scale"] * self._attention(y, w, cos, sin, mask)
+            h = h + w["attn_scale"] * window_attention(y, w, cos, sin, mask, self.heads, self.kv_heads, self.head_dim, self.scaling)
             y = self._rms(h, w["post_attention_layernorm"])
             h = h + w["mlp_scale"] * F.linear(self.act(F.linear(y, w["gate"])) * F.linear(y, w["up"]), w["down"])
         return self._rms(h, self.norm).permute(0, 2, 1)
-
-    def _attention(self, h: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        b, t, _ = h.shape
-        q, k, v = (F.linear(h, *w[n]).view(b, t, -1, self.head_dim).transpose(1, 2) for n in "qkv")
-        q = (q * cos) + (_rotate_half(q) * sin)
-        k = (k * cos) + (_rotate_half(k) * sin)
-        extra = {}
-        if self.heads != self.kv_heads:
-            # transformers lets SDPA broadcast the kv heads when there is no mask and repeats them otherwise.
-            if mask is None and self.head_dim <= 256:
-                extra["enable_gqa"] = True
-            else:
-                k, v = (x.repeat_interleave(self.heads // self.kv_heads, dim=1) for x in (k, v))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=self.scaling, is_causal=mask is None and t > 1, **extra)
-        return F.linear(out.transpose(1, 2).contiguous().reshape(b, t, -1).contiguous(), *w["o"])
 
     def _convs(self, x: torch.Tensor, starts: torch.Tensor | None = None) -> torch.Tensor:
         """Upsampling and decoder: [B, hidden, T] -> [B, 1, output_length(T)], clamped to [-1, 1].
@@ -408,7 +369,7 @@ class Code2Wav(torch.nn.Module):
         convolution sees zeros before it, as the left padding of a row decoded
         alone does, and the transposed convs scale it by their stride.
         """
-        keep = None if starts is None else _keep(starts, x.shape[-1])
+        keep = None if starts is None else keep_mask(starts, x.shape[-1])
 
         def masked(y: torch.Tensor) -> torch.Tensor:
             return y if keep is None else y.masked_fill(~keep, 0.0)
@@ -417,24 +378,19 @@ class Code2Wav(torch.nn.Module):
             x = _tconv(x, up)
             if starts is not None:
                 starts = starts * up[2]
-                keep = _keep(starts, x.shape[-1])
+                keep = keep_mask(starts, x.shape[-1])
             x = _convnext(masked(x), x, block)
         x = _causal_conv(masked(x), self.decoder_in)
         for act, up, units in self.blocks:
             x = _tconv(_snake(x, act), up)
             if starts is not None:
                 starts = starts * up[2]
-                keep = _keep(starts, x.shape[-1])
+                keep = keep_mask(starts, x.shape[-1])
             for act1, conv1, act2, conv2 in units:
                 y = _causal_conv(masked(_snake(x, act1)), conv1)
                 x = _causal_conv(_snake(y, act2), conv2) + x
         x = _causal_conv(masked(_snake(x, self.decoder_act)), self.decoder_out)
         return x.clamp(min=-1, max=1)
-
-
-def _keep(starts: torch.Tensor, length: int) -> torch.Tensor:
-    """[B, 1, length]: True from each row's start on, False before (its padding)."""
-    return (torch.arange(length, device=starts.device)[None, :] >= starts[:, None])[:, None, :]
 
 
 def _causal_conv(x: torch.Tensor, layer: tuple, groups: int = 1) -> torch.Tensor:
@@ -466,8 +422,3 @@ def _snake(x: torch.Tensor, act: tuple) -> torch.Tensor:
     """Qwen3OmniMoeSnakeBeta: x + 1 / (exp(beta) + eps) * sin(x * exp(alpha)) ** 2."""
     alpha, inv_beta = act
     return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
