@@ -49,6 +49,8 @@ class RopeConfig:
     partial_rotary_factor: float = 1.0
     # Multimodal rotary (Qwen2-VL family): the rotary half-dimensions taken from the (t, h, w) position streams, in turn.
     mrope_section: tuple[int, ...] | None = None
+    # Qwen3-Omni / Qwen3-VL: the streams interleaved (frequency i from stream i % 3 within their sections) instead.
+    mrope_interleaved: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def _rope_config(raw: dict) -> RopeConfig:
         original_max_position_embeddings=params.get("original_max_position_embeddings"),
         partial_rotary_factor=float(params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))),
         mrope_section=tuple(int(s) for s in params["mrope_section"]) if params.get("mrope_section") else None,
+        mrope_interleaved=bool(params.get("interleaved") or params.get("mrope_interleaved")),
     )
 
 

@@ -41,19 +41,28 @@ class Rotary:
         self.inv_freq = inverse_frequencies(rope, head_dim).to(device)
         self.rotary_dim = self.inv_freq.numel() * 2
         self.mrope_section = list(rope.mrope_section) if rope.mrope_section else None
+        self.mrope_interleaved = rope.mrope_interleaved
         if self.mrope_section is not None and sum(self.mrope_section) != self.inv_freq.numel():
             raise ValueError(f"mrope_section {self.mrope_section} does not add up to the {self.inv_freq.numel()} rotary frequencies")
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[T, rotary_dim] cos and sin for flat positions [T], or for multimodal positions [3, T]
         (t, h, w streams: frequency band i of mrope_section takes stream i % 3, as transformers'
-        Qwen2-VL rotary recomposes them). A text token's three streams are equal, so [T] is its case."""
+        Qwen2-VL rotary recomposes them; interleaved, as Qwen3-Omni's does: frequency i takes stream 1 where
+        i % 3 == 1 and i < 3 * mrope_section[1], stream 2 where i % 3 == 2 and i < 3 * mrope_section[2],
+        stream 0 elsewhere). A text token's three streams are equal, so [T] is its case."""
         if positions.dim() == 1:
             freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         else:
             if self.mrope_section is None:
                 raise ValueError("multimodal positions [3, T] for a model without mrope_section")
             streams = positions.to(torch.float32)[:, :, None] * self.inv_freq[None, None, :]  # [3, T, half]
-            freqs = torch.cat([band[i % 3] for i, band in enumerate(streams.split(self.mrope_section, dim=-1))], dim=-1)
+            if self.mrope_interleaved:
+                freqs = streams[0].clone()
+                for stream in (1, 2):
+                    band = slice(stream, 3 * self.mrope_section[stream], 3)
+                    freqs[:, band] = streams[stream][:, band]
+            else:
+                freqs = torch.cat([band[i % 3] for i, band in enumerate(streams.split(self.mrope_section, dim=-1))], dim=-1)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
