@@ -295,11 +295,14 @@ class DecoderModel:
         attention: StepAttention,
         replace: tuple[torch.Tensor, torch.Tensor] | None = None,
         lora: LoraBatch | None = None,
+        deepstack: tuple[torch.Tensor, list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """The residual stream after the last layer, one row per new token (before the final norm).
         replace: (indices, rows): these rows stand in for the token embeddings at those indices
         (image features at image-token positions). lora: the step's LoRA adapters, added to the
-        projections of their tokens (None: no token has one)."""
+        projections of their tokens (None: no token has one). deepstack: (indices, [rows per layer])
+        (Qwen3-Omni's vision features): after layer i, rows[i] are added to the residual stream at
+        those indices, as transformers' _deepstack_process adds them."""
         x = F.embedding(input_ids, self.embed) if self.tp is None else self.tp.embed(input_ids, self.embed, self.partition)
         if replace is not None:
             x = x.index_copy(0, replace[0], replace[1].to(x.dtype))
@@ -313,7 +316,11 @@ class DecoderModel:
                 x, h = ops.add_rms_norm(x, delta, layer.input_norm)
             x, h = ops.add_rms_norm(x, self._attention(i, layer, h, cos, sin, attention, lora), layer.post_norm)
             delta = self._mlp(i, layer, h, lora)
-        return x + delta
+            if deepstack is not None and i < len(deepstack[1]):
+                # The layer's output, then the features: one addition each, as transformers makes them.
+                x, delta = x + delta, None
+                x.index_add_(0, deepstack[0], deepstack[1][i].to(x.dtype))
+        return x if delta is None else x + delta
 
     def head_input(self, hidden: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
         """The rows at `indices` through the final norm: what the vocabulary projection multiplies."""
