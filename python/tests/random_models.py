@@ -6,7 +6,7 @@ CLI:      python python/tests/random_models.py --arch qwen3 --out DIR [--variant
 
 arch: llama, llama3 (rope_type "llama3" scaling), mistral (sliding_window 8),
 qwen2 (q/k/v bias), qwen3 (q/k norm, explicit head_dim), qwen3_moe (8 experts,
-2 per token).
+2 per token), qwen2_moe (the same with a gated shared expert).
 variant: 0, 1, 2, ... vary hidden size, head counts, GQA ratio and tied/untied
 embeddings deterministically (variant 1 is always sharded: tiny max_shard_size,
 so model.safetensors.index.json is exercised). Weights are seeded by
@@ -42,7 +42,7 @@ QWEN3_EOS = [151645, 151643]
 QWEN3_BOS = 151643
 TOKENIZER_VOCAB = 151936
 SMALL_VOCAB = 512
-ARCHES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "qwen3_moe")
+ARCHES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe")
 
 # (hidden, heads, kv_heads, layers, tied) per variant; head_dim = hidden / heads
 # except for qwen3, which sets head_dim explicitly to something else.
@@ -99,6 +99,11 @@ def _config(arch: str, variant: int, vocab: int, dtype: str):
                                            moe_intermediate_size=hidden, decoder_sparse_step=1,
                                            mlp_only_layers=[layers - 1] if variant % 2 == 0 else [],
                                            norm_topk_prob=variant % 2 == 0, **common)
+    if arch == "qwen2_moe":
+        # 8 experts, 2 per token (not renormalized, Qwen2-MoE's default), and a gated shared expert.
+        return transformers.Qwen2MoeConfig(rope_parameters=rope, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=hidden,
+                                           shared_expert_intermediate_size=2 * hidden, decoder_sparse_step=1, mlp_only_layers=[],
+                                           norm_topk_prob=False, **common)
     raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHES)}")
 
 

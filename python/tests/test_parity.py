@@ -33,6 +33,7 @@ CASES = [
     ("qwen3", 1, 4, 6),  # sharded safetensors with an index file
     ("qwen3_moe", 0, 4, 8),  # 8 experts, top 2 renormalized; the last layer dense
     ("qwen3_moe", 1, 8, 6),  # every layer sparse, top 2 as the router gives them; sharded
+    ("qwen2_moe", 2, 4, 7),  # q/k/v bias, a shared expert behind a sigmoid gate
 ]
 
 

@@ -19,6 +19,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
+    "Qwen2MoeForCausalLM",
 )
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # A decoder saved as its base model (an embedding model: sentence-transformers
@@ -29,7 +30,10 @@ BASE_MODEL_ARCHITECTURES = {
     "Qwen2Model": "Qwen2ForCausalLM",
     "Qwen3Model": "Qwen3ForCausalLM",
     "Qwen3MoeModel": "Qwen3MoeForCausalLM",
+    "Qwen2MoeModel": "Qwen2MoeForCausalLM",
 }
+# Mixture-of-experts architectures (ModelConfig.moe).
+_MOE = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 # Architectures whose q and k are RMS-normed per head before the rotation.
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
 
@@ -63,6 +67,8 @@ class MoeConfig:
     intermediate_size: int
     norm_topk_prob: bool  # the top_k probabilities renormalized to sum to 1
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP (mlp_only_layers)
+    # Qwen2-MoE: a shared expert every token goes through, scaled by a sigmoid gate (0: none).
+    shared_intermediate_size: int = 0
 
 
 @dataclass
@@ -133,7 +139,7 @@ def _sliding_windows(raw: dict, architecture: str, num_layers: int) -> list[int 
         return [window if kind == "sliding_attention" else None for kind in layer_types]
     if architecture == "MistralForCausalLM":
         return [window] * num_layers
-    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM") and raw.get("use_sliding_window") and window:
+    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", *_MOE) and raw.get("use_sliding_window") and window:
         # HF: layers from max_window_layers on use the window.
         first = raw.get("max_window_layers", num_layers)
         return [window if i >= first else None for i in range(num_layers)]
@@ -159,6 +165,7 @@ TEXT_MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_omni_moe_text": "Qwen3MoeForCausalLM",  # Qwen3-Omni's thinker: Qwen3-MoE with multimodal rotary positions
     "qwen2_5_vl_text": "Qwen2ForCausalLM",  # Qwen2.5-VL's language model: Qwen2 with multimodal rotary positions
 }
@@ -206,6 +213,7 @@ def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: st
     num_layers = int(get("num_hidden_layers", 2))
     head_dim = raw.get("head_dim") or hidden_size // num_heads
     qwen2 = architecture == "Qwen2ForCausalLM"
+    qwen2_moe = architecture == "Qwen2MoeForCausalLM"
     generation = model_dir / "generation_config.json"
     eos = _eos_ids(read_json(generation).get("eos_token_id")) if generation.exists() else []
     return ModelConfig(
@@ -221,20 +229,21 @@ def load_model_config(model_dir: Path, *, lenient: bool = False, text_config: st
         max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v bias; Llama-style configs say so with attention_bias.
-        qkv_bias=qwen2 or bool(raw.get("attention_bias", False)),
-        o_bias=(not qwen2) and bool(raw.get("attention_bias", False)),
+        qkv_bias=qwen2 or (qwen2_moe and bool(raw.get("qkv_bias", True))) or bool(raw.get("attention_bias", False)),
+        o_bias=(not qwen2) and (not qwen2_moe) and bool(raw.get("attention_bias", False)),
         mlp_bias=bool(raw.get("mlp_bias", False)),
         qk_norm=architecture in _QK_NORM,
         rope=_rope_config(raw),
         sliding_windows=_sliding_windows(raw, architecture, num_layers),
         torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
         eos_token_ids=eos or _eos_ids(raw.get("eos_token_id")),
-        moe=_moe_config(raw, path, num_layers) if architecture == "Qwen3MoeForCausalLM" else None,
+        moe=_moe_config(raw, path, num_layers) if architecture in _MOE else None,
     )
 
 
 def _moe_config(raw: dict, path: Path, num_layers: int) -> MoeConfig | None:
-    """Qwen3MoeConfig's fields (num_experts is also saved as num_local_experts); None when it has no experts."""
+    """Qwen3MoeConfig's and Qwen2MoeConfig's fields (num_experts is also saved as num_local_experts); None when it has
+    no experts."""
     experts = int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
     if experts <= 0:
         return None
@@ -252,4 +261,5 @@ def _moe_config(raw: dict, path: Path, num_layers: int) -> MoeConfig | None:
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         # Qwen3MoeDecoderLayer: experts where the layer is not MLP-only and (i + 1) % decoder_sparse_step == 0.
         sparse_layers=tuple(i not in dense and (i + 1) % step == 0 for i in range(num_layers)),
+        shared_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
     )

@@ -58,9 +58,13 @@ class MoeWeights:
     gate_up: torch.Tensor
     down: torch.Tensor
     config: MoeConfig
+    # Qwen2-MoE's shared expert (gate and up rows fused, down) and its gate [1, hidden]; None: none.
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.router, self.gate_up, self.down]
+        return [t for t in (self.router, self.gate_up, self.down, self.shared_gate_up, self.shared_down, self.shared_gate) if t is not None]
 
 
 def _fused(parts: list[torch.Tensor | None], fuse: bool) -> list[torch.Tensor | None]:
@@ -116,6 +120,9 @@ def _load_layer(reader: WeightReader, config: ModelConfig, i: int, fuse: bool, p
             gate_up=torch.stack([torch.cat(pair) for pair in zip(experts("gate"), experts("up"))]),
             down=torch.stack(experts("down")),
             config=moe,
+            shared_gate_up=torch.cat([reader.get(f"{mlp}shared_expert.{n}_proj.weight") for n in ("gate", "up")]) if moe.shared_intermediate_size else None,
+            shared_down=reader.get(mlp + "shared_expert.down_proj.weight") if moe.shared_intermediate_size else None,
+            shared_gate=reader.get(mlp + "shared_expert_gate.weight") if moe.shared_intermediate_size else None,
         ) if sparse else None,
     )
 
@@ -400,6 +407,10 @@ class DecoderModel:
             tokens = pairs // c.top_k
             y = F.linear(self.ops.silu_mul(F.linear(h.index_select(0, tokens), moe.gate_up[expert])), moe.down[expert])
             out.index_add_(0, tokens, y * weights.index_select(0, pairs)[:, None])
+        if moe.shared_gate_up is not None:
+            # Qwen2MoeSparseMoeBlock: the shared expert scaled by its sigmoid gate, added after the experts.
+            shared = F.linear(self.ops.silu_mul(F.linear(h, moe.shared_gate_up)), moe.shared_down)
+            out = out + torch.sigmoid(F.linear(h, moe.shared_gate)) * shared
         return out
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -173,6 +173,11 @@ def _decoder_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             for x in range(c.moe.num_experts):
                 x = f"{m}experts.{x}."
                 shapes.update({x + "gate_proj.weight": (e, h), x + "up_proj.weight": (e, h), x + "down_proj.weight": (h, e)})
+            s = c.moe.shared_intermediate_size
+            if s:
+                x = m + "shared_expert."
+                shapes.update({x + "gate_proj.weight": (s, h), x + "up_proj.weight": (s, h), x + "down_proj.weight": (h, s)})
+                shapes[m + "shared_expert_gate.weight"] = (1, h)
         else:
             shapes.update({m + "gate_proj.weight": (i, h), m + "up_proj.weight": (i, h), m + "down_proj.weight": (h, i)})
         if c.qkv_bias:
