@@ -5,6 +5,8 @@ Test modules import the fixtures by name and set `pytestmark = CSM_MARKS`."""
 
 from __future__ import annotations
 
+import io
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from baton_worker.models.csm.build import make_csm_dir
+from baton_worker.models.whisper.audio import decode_audio
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "node_modules" / "@lenml" / "tokenizer-llama3" / "models"
 SAMPLE_RATE = 24000
@@ -65,3 +68,29 @@ def context_codes(hf, inputs) -> torch.Tensor | None:
             codes.append(hf.codec_model.encode(values[..., start:end][None]).audio_codes[0].T)
             start = end
     return torch.cat(codes)
+
+
+def wav_bytes(samples: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
+    """float samples ([n] or [n, channels]) as a 16-bit PCM WAV file."""
+    samples = samples.reshape(samples.shape[0], -1)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(samples.shape[1])
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        # The decoder reads int16 as n / 32768.
+        w.writeframes(np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+def as_decoded(conversation: list[dict]) -> list[dict]:
+    """The conversation with each clip replaced by what its WAV bytes decode to (what the worker's prompter
+    hears, and so the reference's input)."""
+    out = []
+    for m in conversation:
+        content = [dict(c) for c in m["content"]]
+        for c in content:
+            if c["type"] == "audio":
+                c["path"] = decode_audio(wav_bytes(c["path"]), sampling_rate=SAMPLE_RATE)
+        out.append({"role": m["role"], "content": content})
+    return out

@@ -14,15 +14,13 @@
 
 from __future__ import annotations
 
-import io
 import json
-import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from csm_fixtures import CONVERSATIONS, CSM_MARKS, SAMPLE_RATE, context_codes, hf, model_dir, sine  # noqa: F401  (fixtures)
+from csm_fixtures import CONVERSATIONS, CSM_MARKS, SAMPLE_RATE, as_decoded, wav_bytes, context_codes, hf, model_dir, sine  # noqa: F401  (fixtures)
 
 transformers = pytest.importorskip("transformers")
 
@@ -43,17 +41,6 @@ TWO_CLIPS = [
 ]
 
 
-def wav_bytes(samples: np.ndarray, rate: int = SAMPLE_RATE) -> bytes:
-    """float samples ([n] or [n, channels]) as a 16-bit PCM WAV file."""
-    samples = samples.reshape(samples.shape[0], -1)
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(samples.shape[1])
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        # The decoder reads int16 as n / 32768.
-        w.writeframes(np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes())
-    return out.getvalue()
 
 
 def request(conversation: list[dict]) -> tuple[str, str, list[ContextTurn]]:
@@ -62,16 +49,6 @@ def request(conversation: list[dict]) -> tuple[str, str, list[ContextTurn]]:
     return conversation[-1]["content"][0]["text"], conversation[-1]["role"], turns
 
 
-def as_decoded(conversation: list[dict]) -> list[dict]:
-    """The conversation with each clip replaced by what its WAV bytes decode to (the reference's input)."""
-    out = []
-    for m in conversation:
-        content = [dict(c) for c in m["content"]]
-        for c in content:
-            if c["type"] == "audio":
-                c["path"] = decode_audio(wav_bytes(c["path"]), sampling_rate=SAMPLE_RATE)
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 @pytest.fixture(scope="module")

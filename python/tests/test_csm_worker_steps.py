@@ -22,22 +22,19 @@ drive it:
 
 from __future__ import annotations
 
-import io
-import wave
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from csm_fixtures import CONVERSATIONS, CSM_MARKS, SAMPLE_RATE, hf, model_dir  # noqa: F401  (fixtures)
+from csm_fixtures import CONVERSATIONS, CSM_MARKS, SAMPLE_RATE, as_decoded, wav_bytes, hf, model_dir  # noqa: F401  (fixtures)
 
 transformers = pytest.importorskip("transformers")
 
 from baton_worker import protocol  # noqa: E402
 from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, NUM_CODEBOOKS  # noqa: E402
 from baton_worker.models.csm.steps import CsmFrames  # noqa: E402
-from baton_worker.models.whisper.audio import decode_audio  # noqa: E402
 from baton_worker.protocol import AddedRequest, GraphWork, PromptRequest, ProtocolError, SamplingParams, Step  # noqa: E402
 from baton_worker.runtime.loading import load_worker  # noqa: E402
 from baton_worker.runtime.options import WorkerOptions  # noqa: E402
@@ -67,15 +64,6 @@ def wire(message):
     return protocol.decode(protocol.encode(message))
 
 
-def wav_bytes(samples: np.ndarray) -> bytes:
-    """Mono float samples as a 16-bit PCM WAV file at the processor's rate."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SAMPLE_RATE)
-        w.writeframes(np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2").tobytes())
-    return out.getvalue()
 
 
 def prompt_request(request_id: int, conversation: list[dict]) -> PromptRequest:
@@ -90,16 +78,6 @@ def prompt_request(request_id: int, conversation: list[dict]) -> PromptRequest:
     return PromptRequest(request_id, last["content"][0]["text"], ["text"], ["audio"], kwargs)
 
 
-def as_decoded(conversation: list[dict]) -> list[dict]:
-    """The conversation with each clip as its WAV bytes decode (what the worker's prompter hears)."""
-    out = []
-    for m in conversation:
-        content = [dict(c) for c in m["content"]]
-        for c in content:
-            if c["type"] == "audio":
-                c["path"] = decode_audio(wav_bytes(c["path"]), sampling_rate=SAMPLE_RATE)
-        out.append({"role": m["role"], "content": content})
-    return out
 
 
 @dataclass

@@ -192,18 +192,26 @@ class Qwen25VisionTower:
         return angles.cos(), angles.sin()
 
     def _attention(self, x: torch.Tensor, block: dict, cos: torch.Tensor, sin: torch.Tensor, segments: list[torch.Tensor]) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = F.linear(x, *block["qkv"]).view(n, 3, self.heads, self.head_dim).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = torch.empty_like(q)
-        for index in segments:  # [segments, length]: gather -> [segments, heads, length, head_dim]
-            o = F.scaled_dot_product_attention(*(t[index].transpose(1, 2) for t in (q, k, v)))
-            out[index] = o.transpose(1, 2)
-        return F.linear(out.reshape(n, self.hidden), *block["proj"])
+        return segment_attention(x, block, cos, sin, segments, self.heads, self.head_dim)
 
 
 def _linear(get: Callable[[str], torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return get(name + ".weight"), get(name + ".bias")
+
+
+def segment_attention(x: torch.Tensor, block: dict, cos: torch.Tensor, sin: torch.Tensor, segments: list[torch.Tensor],
+                      heads: int, head_dim: int, scale: float | None = None) -> torch.Tensor:
+    """A vision block's self-attention within segments (windows, frames or images): block["qkv"] and
+    block["proj"] are (weight, bias); each segment index [segments, length] gathers its patches into one
+    batched attention call, so no patch attends outside its segment. scale None: SDPA's own."""
+    n = x.shape[0]
+    q, k, v = F.linear(x, *block["qkv"]).view(n, 3, heads, head_dim).unbind(1)
+    q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+    out = torch.empty_like(q)
+    for index in segments:  # [segments, length]: gather -> [segments, heads, length, head_dim]
+        o = F.scaled_dot_product_attention(*(t[index].transpose(1, 2) for t in (q, k, v)), scale=scale)
+        out[index] = o.transpose(1, 2)
+    return F.linear(out.reshape(n, heads * head_dim), *block["proj"])
 
 
 def _segments(lengths: list[int]) -> list[torch.Tensor]:

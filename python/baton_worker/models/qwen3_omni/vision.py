@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..llava.vision import activation
-from ..qwen2_5_vl.vision import _rotate, _segments
+from ..qwen2_5_vl.vision import _segments, segment_attention
 
 # Where the encoder's weights live, in checkpoints and in transformers' module tree alike.
 VISION_PREFIX = "thinker.visual."
@@ -246,14 +246,7 @@ class Qwen3OmniVisionEncoder:
         return angles.cos(), angles.sin()
 
     def _attention(self, x: torch.Tensor, block: dict, cos: torch.Tensor, sin: torch.Tensor, segments: list[torch.Tensor]) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = F.linear(x, *block["qkv"]).view(n, 3, self.heads, self.head_dim).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = torch.empty_like(q)
-        for index in segments:  # [frames, length]: gather -> [frames, heads, length, head_dim]
-            o = F.scaled_dot_product_attention(*(t[index].transpose(1, 2) for t in (q, k, v)), scale=self.scale)
-            out[index] = o.transpose(1, 2)
-        return F.linear(out.reshape(n, self.hidden), *block["proj"])
+        return segment_attention(x, block, cos, sin, segments, self.heads, self.head_dim, self.scale)
 
 
 def _linear(get: Callable[[str], torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor]:
