@@ -315,6 +315,24 @@ def test_finished_requests_release_their_frames(served):
     assert all(store.refs(h) == 0 for h in handles)
 
 
+def test_a_request_ended_while_its_rows_run_keeps_its_frames_until_removed(model_dir):
+    """A client leaves: the graph request ends (finished_requests) in a step that still runs its row (the
+    engine's abort comes a step later); that step and the next run it from its frames, which go at removal."""
+    driver = Driver(load(model_dir))
+    ids, handle = driver.prompts({1: CONVERSATIONS["speaker0"]})[1]
+    r = Request(1, "speaker0", ids, handle, chunk=64)
+    driver.add(r)
+    for _ in range(4):
+        driver.step()
+    assert len(r.frames) == 4 and not r.done
+    driver.step(GraphWork(finished_requests=i32(1)))
+    driver.step()
+    assert len(r.frames) == 6 and 1 in driver.frames_held().generated
+    driver.remove(r)
+    driver.step()
+    assert driver.frames_held().generated == {} and driver.frames_held().ended == set()
+
+
 def test_bad_added_requests_are_named(model_dir):
     driver = Driver(load(model_dir))
     worker = driver.worker

@@ -94,6 +94,7 @@ class CsmFrames:
         self.prompts: dict[int, tuple[int, torch.Tensor]] = {}  # slot -> (req_id, prompt frames [P, K+1])
         self.generated: dict[int, list[np.ndarray]] = {}  # req_id -> its frames so far, each [K]
         self.generators: dict[int, torch.Generator] = {}  # req_id -> its depth draws' generator
+        self.ended: set[int] = set()  # requests released while still in a slot (dropped at their removal)
 
     def check(self, prompt: torch.Tensor, req_id: int, num_prompt_tokens: int, num_tokens: int) -> str | None:
         """None, or what is wrong with an added request's prompt frames (the caller names the field)."""
@@ -115,10 +116,21 @@ class CsmFrames:
             del generated[num_tokens - num_prompt_tokens:]
 
     def remove(self, slot: int) -> None:
-        self.prompts.pop(slot, None)
+        entry = self.prompts.pop(slot, None)
+        if entry is not None and entry[0] in self.ended:
+            self._drop(entry[0])
 
     def release(self, req_id: int) -> None:
-        """The graph request ended: its generated frames are no longer needed."""
+        """The graph request ended: its generated frames are no longer needed. A request that ends while
+        its rows still run (a client left; the engine's abort comes in a later step) keeps them until the
+        step that removes it."""
+        if any(r == req_id for r, _ in self.prompts.values()):
+            self.ended.add(req_id)
+        else:
+            self._drop(req_id)
+
+    def _drop(self, req_id: int) -> None:
+        self.ended.discard(req_id)
         self.generated.pop(req_id, None)
         self.generators.pop(req_id, None)
 
