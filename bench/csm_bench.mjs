@@ -113,7 +113,7 @@ try {
 
 const peer = spawnSync(python, [join(repo, "bench", "hf_csm_peer.py")], {
   input: JSON.stringify({ model_dir: model, concurrency: LEVELS, repeats, requests }),
-  encoding: "utf8", maxBuffer: 64 << 20, env: { ...process.env, PYTHONPATH: join(repo, "python") },
+  encoding: "utf8", maxBuffer: 64 << 20, env: { ...process.env, PYTHONPATH: [join(repo, "python"), process.env.PYTHONPATH].filter(Boolean).join(":") },
 });
 if (peer.status !== 0) throw new Error(peer.stderr);
 const theirs = JSON.parse(peer.stdout);

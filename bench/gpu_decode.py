@@ -46,6 +46,12 @@ PRESETS = {
     # Meta-Llama-3-8B's shape.
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, head_dim=128, max_position_embeddings=8192, rope_theta=500000.0, tie_word_embeddings=False),
+    # Qwen3-30B-A3B's shape (the Qwen3-Omni thinker's kind of decoder: 128 experts, 8 per token) cut to 12 of its
+    # 48 layers, so the weights (15 GB) leave room for the cache; ms/step scales with the layers.
+    "qwen3-moe-12l": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=12, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
+                          tie_word_embeddings=False, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", num_experts=128,
+                          num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
     # Small enough for a CPU: checks the script, not the hardware.
     "tiny": dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rope_theta=10000.0, tie_word_embeddings=True),
@@ -54,7 +60,7 @@ PRESETS = {
 
 def model_dir(preset: str, out: Path) -> Path:
     shape = dict(PRESETS[preset])
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    config = {"architectures": shape.pop("architectures", ["LlamaForCausalLM"]), "model_type": shape.pop("model_type", "llama"), "rms_norm_eps": 1e-5, "hidden_act": "silu",
               "attention_bias": False, "mlp_bias": False, "bos_token_id": None, "eos_token_id": None, "dtype": "bfloat16",
               "rope_parameters": {"rope_type": "default", "rope_theta": shape.pop("rope_theta")}, **shape}
     (out / "config.json").write_text(json.dumps(config))
@@ -179,8 +185,15 @@ def roofline_bytes(config, batch: int, context: int, dtype_bytes: int) -> tuple[
     """(weight bytes, KV bytes) one decode step at `batch` rows of `context` tokens must move."""
     h, v, layers = config.hidden_size, config.vocab_size, config.num_layers
     q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size + 2 * h
-    weights = layers * per_layer + h + v * h + batch * h  # layers, final norm, head, B embedding rows
+    per_layer = h * (q + 2 * kv) + q * h + 2 * h
+    moe = config.moe
+    if moe is None:
+        per_layer += 3 * h * config.intermediate_size
+    else:
+        # The experts a step reads: with uniform routing, E * (1 - (1 - k/E)^B) distinct ones of E.
+        touched = moe.num_experts * (1 - (1 - moe.top_k / moe.num_experts) ** batch)
+        per_layer += moe.num_experts * h + touched * 3 * h * moe.intermediate_size
+    weights = int(layers * per_layer) + h + v * h + batch * h  # layers, final norm, head, B embedding rows
     kv_bytes = layers * 2 * kv * dtype_bytes * batch * (context + 1)  # read the context, write the new token
     return weights * dtype_bytes, kv_bytes
 

@@ -28,11 +28,13 @@ def main() -> int:
     directory = request["model_dir"]
     set_cpu_threads()
     processor = transformers.CsmProcessor.from_pretrained(directory)
-    model = transformers.CsmForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval()
+    # The device Baton's worker takes by default (CUDA when there is one), so both sides run on the same one.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = transformers.CsmForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).eval().to(device)
     conversations = [[{"role": r["voice"], "content": [{"type": "text", "text": r["text"]}]}] for r in request["requests"]]
 
     def run(batch: list) -> list[int]:
-        inputs = processor.apply_chat_template(batch, tokenize=True, return_dict=True)
+        inputs = processor.apply_chat_template(batch, tokenize=True, return_dict=True, return_tensors="pt").to(device)
         with torch.no_grad():
             audio = model.generate(**inputs, do_sample=False, depth_decoder_do_sample=False, output_audio=True)
         return [int(a.shape[-1]) for a in audio]

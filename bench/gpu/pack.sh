@@ -14,6 +14,8 @@
 #                          such wheel can be downloaded (the registry mirror here has cp311 only):
 #                          libzmq.tar.xz, libzmq and libsodium out of any pyzmq manylinux x86-64 wheel,
 #                          for the ctypes stand-in bench/gpu/pyzmq-shim (tracked, so not carried)
+#   av.tar.xz              PyAV (the abi3 manylinux x86-64 wheel, unpacked): the speech models decode audio
+#                          with it, and the GPU machine's Python lacks it
 #   MANIFEST               what is in it, with sizes and sha256 sums
 # Env: XZ_OPT_LEVEL (default -9e), NODE_MAJOR (20), PY_VERSION (3.12),
 #      BATON_GPU_CARRY (the output folder, default .gpu-carry).
@@ -125,7 +127,17 @@ find "$tmp/distroot/dist" -name '*.d.ts' -delete
 tar -C "$tmp/distroot" -cf - dist | xz_ >"$dest/dist.tar.xz"
 rm -rf "$tmp/build" "$tmp/distroot"
 
-# ---- 4. pyzmq for the GPU machine's Python ----------------------------------
+# ---- 4. PyAV (abi3: any CPython >= 3.11) -------------------------------------
+echo "pack: av (PyAV)"
+mkdir -p "$tmp/av" "$tmp/avwhl"
+PIP_RETRIES=0 python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+  --platform manylinux_2_17_x86_64 -d "$tmp/avwhl" av >"$tmp/pip-av.log" 2>&1 ||
+  { cat "$tmp/pip-av.log" >&2; echo "pack: no av wheel" >&2; exit 1; }
+python3 -m zipfile -e "$tmp"/avwhl/av-*.whl "$tmp/av"
+tar -C "$tmp/av" -cf - . | xz_ >"$dest/av.tar.xz"
+rm -rf "$tmp/av" "$tmp/avwhl"
+
+# ---- 5. pyzmq for the GPU machine's Python ----------------------------------
 echo "pack: pyzmq for CPython $py_version"
 mkdir -p "$dest/pyzmq" "$tmp/whl"
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)

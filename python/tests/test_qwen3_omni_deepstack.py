@@ -27,7 +27,8 @@ pytestmark = OMNI_MARKS
 
 
 def test_image_rows_deepstack_and_interleaved_positions_equal_transformers(model_dir):
-    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=16, dtype="float32")
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=16, dtype="float32",
+                         device="cpu")  # the test's tensors and transformers' run are on the CPU
     worker = load_worker(opts)
     model, config = worker.runner.model, worker.config
     assert config.rope.mrope_interleaved and config.rope.mrope_section

@@ -32,7 +32,8 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def load(model_dir, backend: str):
-    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=400, attention_backend=backend)
+    opts = WorkerOptions(model=str(model_dir), in_endpoint="", out_endpoint="", block_size=BLOCK, num_blocks=400, attention_backend=backend,
+                         device="cpu" if backend == "cpu" else "auto")  # the CPU backend runs on the CPU
     return load_worker(opts)
 
 

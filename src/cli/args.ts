@@ -414,7 +414,8 @@ export function parseServeArgs(args: readonly string[], env: NodeJS.ProcessEnv =
         // vLLM takes the domains space-separated after one flag; several flags add up.
         allowedDomains: (values["allowed-media-domains"] ?? []).flatMap((v) => v.split(/[\s,]+/)).filter((d) => d !== "").map((d) => d.toLowerCase()),
         allowedLocalPath: values["allowed-local-media-path"] ?? null,
-        maxImagesPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]),
+        maxImagesPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]).image,
+        maxAudiosPerPrompt: limitMmPerPrompt(values["limit-mm-per-prompt"]).audio,
         maxImageBytes: intFlag(values["max-image-bytes"], "max-image-bytes", 1, DEFAULT_MAX_IMAGE_BYTES),
       },
       responsesStore: {
@@ -518,9 +519,9 @@ function jsonObjectFlag(value: string | undefined, flag: string): Record<string,
   return parsed as Record<string, unknown>;
 }
 
-/** --limit-mm-per-prompt '{"image": N}' (vLLM's JSON form): the most images one prompt may hold; null: no limit. */
-function limitMmPerPrompt(value: string | undefined): number | null {
-  if (value === undefined) return null;
+/** --limit-mm-per-prompt '{"image": N, "audio": M}' (vLLM's JSON form): the most parts of each modality one prompt may hold; null: no limit. */
+function limitMmPerPrompt(value: string | undefined): { image: number | null; audio: number | null } {
+  if (value === undefined) return { image: null, audio: null };
   let parsed: unknown;
   try {
     parsed = JSON.parse(value);
@@ -532,12 +533,13 @@ function limitMmPerPrompt(value: string | undefined): number | null {
   }
   const limits = parsed as Record<string, unknown>;
   for (const [modality, limit] of Object.entries(limits)) {
-    if (modality !== "image") throw new UsageError(`--limit-mm-per-prompt: modality '${modality}' is not served (only "image")`);
+    if (modality !== "image" && modality !== "audio") throw new UsageError(`--limit-mm-per-prompt: modality '${modality}' is not served (only "image" and "audio")`);
     if (typeof limit !== "number" || !Number.isSafeInteger(limit) || limit < 0) {
-      throw new UsageError(`--limit-mm-per-prompt: "image" must be a non-negative integer, got ${JSON.stringify(limit)}`);
+      throw new UsageError(`--limit-mm-per-prompt: "${modality}" must be a non-negative integer, got ${JSON.stringify(limit)}`);
     }
   }
-  return typeof limits.image === "number" ? limits.image : null;
+  const of = (name: string): number | null => (typeof limits[name] === "number" ? (limits[name] as number) : null);
+  return { image: of("image"), audio: of("audio") };
 }
 
 export const MAIN_HELP = `Usage: baton <command> [options]
@@ -653,7 +655,7 @@ Options (vLLM's names; --flag value or --flag=value):
   --allowed-media-domains D [D...] image_url parts may fetch http(s) URLs of these hosts (default: none;
                                    data: URLs are always allowed)
   --allowed-local-media-path DIR   image_url parts may read file:// URLs under DIR (default: none)
-  --limit-mm-per-prompt JSON       most images per prompt, e.g. '{"image": 2}' (default: no limit)
+  --limit-mm-per-prompt JSON       most images / audio parts per prompt, e.g. '{"image": 2, "audio": 1}' (default: no limit)
   --max-image-bytes N              largest image accepted, in bytes (default 20M = 20 MiB)
   --responses-store-max-bytes N    stored responses (/v1/responses with store: true) kept in memory for
                                    previous_response_id, GET and background; least recently used go first

@@ -302,6 +302,7 @@ export async function serve(options: ServeOptions, repoRoot: string): Promise<nu
     enableAutoToolChoice: options.enableAutoToolChoice,
     grammars,
     vision: info.vision,
+    audio: info.audio,
     speech: info.speech,
     pooling: ready.pooling,
     media: options.media,

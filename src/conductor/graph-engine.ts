@@ -307,12 +307,13 @@ export class GraphEngine implements LaneListener {
       // the media into its prompt values.
       const media = req.media ?? null;
       const audio = media?.audio;
+      const clips = media?.clips ?? [];
       this.start(live, () => {
         this.admitAfterPrompt.set(req.id, []);
         this.lanes[0]!.addPrompt({
           request_id: req.id,
           prompt: null,
-          input_modalities: ["text", ...(media !== null && media.images.length > 0 ? ["image"] : []), ...(audio !== undefined ? ["audio"] : [])],
+          input_modalities: ["text", ...(media !== null && media.images.length > 0 ? ["image"] : []), ...(audio !== undefined || clips.length > 0 ? ["audio"] : [])],
           output_modalities: ["text"],
           kwargs: {
             token_ids: req.promptIds,
@@ -320,6 +321,7 @@ export class GraphEngine implements LaneListener {
             image_params: media?.params ?? [],
             image_token_counts: media?.spans.map((s) => s.length) ?? [],
             ...(audio !== undefined ? { audio: audio.data, audio_param: audio.param, audio_offset: audio.offset } : {}),
+            ...(clips.length > 0 ? { audios: clips.map((c) => c.data), audio_params: clips.map((c) => c.param) } : {}),
           },
           publish: this.publish.prompts,
         });
@@ -581,6 +583,18 @@ export class GraphEngine implements LaneListener {
     }
     const config = this.configs[node.id]!;
     const cap = Math.min(base.stop.maxTokens, this.nodeTokenCap[node.id]!, Math.max(1, config.maxModelLen - ids.length));
+    if (req.text && base.media?.hash !== undefined) {
+      // process_prompt expanded the prompt's placeholders (the audio's token count comes from its decoded
+      // length): the engine takes the worker's ids, their blocks rooted in the media's hash, since the
+      // frontend's spans no longer say where the media sit, and the length left for output shrinks.
+      if (ids.length >= config.maxModelLen) {
+        req.endStatus = 400;
+        const message = `the prompt is ${ids.length} tokens once its audio and images are expanded, not below the model's maximum length ${config.maxModelLen}`;
+        this.deferred.push(() => this.conductor.failRequest(req.id, message));
+        return;
+      }
+      base = { ...base, promptIds: ids, inputHash: base.media.hash, media: { ...base.media, spans: [] }, stop: { ...base.stop, maxTokens: cap } };
+    }
     const engineRequest: EngineRequest =
       req.text
         ? base

@@ -23,6 +23,18 @@ export interface VisionPrompt {
   tokensPerImage: number | null;
   /** The Qwen2-VL family: an image's tokens follow from the size the processor resizes it to; null otherwise. */
   resize?: ImageResize | null;
+  /**
+   * The worker's process_prompt expands each placeholder (Qwen3-Omni, whose audio token counts only
+   * the decoded audio gives): the prompt keeps one token per image, and the engine takes the worker's ids.
+   */
+  expandsInWorker?: boolean;
+}
+
+/** What the served model needs to place audio in a prompt (chat input_audio parts); the worker expands each placeholder. */
+export interface AudioPrompt {
+  /** The placeholder text an audio part becomes before tokenization. */
+  audioToken: string;
+  audioTokenId: number;
 }
 
 /** Qwen2VLImageProcessor's resize (preprocessor_config.json): sides made multiples of patch * merge within the pixel bounds. */
@@ -62,6 +74,8 @@ export interface ModelDirInfo {
   vision: VisionPrompt | null;
   /** A speech-recognition model (WhisperForConditionalGeneration): its decoder prompt tokens and audio window; null otherwise. */
   speech: SpeechRecognition | null;
+  /** A model that hears (Qwen3-Omni): how audio sits in its chat prompts; null otherwise. */
+  audio: AudioPrompt | null;
 }
 
 /** The special-token layout of a Whisper vocabulary. */
@@ -293,7 +307,9 @@ export function readModelDir(dirIn: string): ModelDirInfo {
     tokenizer: readTokenizerSettings(dir),
     imageGeneration: readImageGeneration(config.image_generation, configPath),
     vision: architectures[0] === "LlavaForConditionalGeneration" ? readLlavaPrompt(dir, config)
-      : architectures[0] === "Qwen2_5_VLForConditionalGeneration" ? readQwenVlPrompt(dir, config) : null,
+      : architectures[0] === "Qwen2_5_VLForConditionalGeneration" ? readQwenVlPrompt(dir, config)
+      : architectures[0] === QWEN3_OMNI ? readOmniVisionPrompt(config) : null,
+    audio: architectures[0] === QWEN3_OMNI ? readOmniAudioPrompt(config) : null,
     speech: architectures[0] === "WhisperForConditionalGeneration" ? readSpeechRecognition(dir, config, generation) : null,
     samplingDefaults: {
       temperature: generation ? optionalNumber(generation.temperature, "generation_config.json temperature") : null,
@@ -403,6 +419,25 @@ function readQwenVlPrompt(dir: string, config: JsonObject): VisionPrompt {
   };
   const imageTokenId = optionalInt(config.image_token_id, "config.json image_token_id") ?? 151655;
   return { imageToken: "<|image_pad|>", imageTokenId, tokensPerImage: null, resize };
+}
+
+const QWEN3_OMNI = "Qwen3OmniMoeForConditionalGeneration";
+
+/** Qwen3-Omni's thinker_config (its token ids), or {} where absent. */
+function omniThinker(config: JsonObject): JsonObject {
+  return isObject(config.thinker_config) ? config.thinker_config : {};
+}
+
+/** Qwen3-Omni: an image part is <|vision_start|><|image_pad|><|vision_end|>, the worker expands the pad. */
+function readOmniVisionPrompt(config: JsonObject): VisionPrompt {
+  const imageTokenId = optionalInt(omniThinker(config).image_token_id, "config.json thinker_config.image_token_id") ?? 151655;
+  return { imageToken: "<|image_pad|>", imageTokenId, tokensPerImage: null, resize: null, expandsInWorker: true };
+}
+
+/** Qwen3-Omni: an audio part is <|audio_start|><|audio_pad|><|audio_end|>, the worker expands the pad. */
+function readOmniAudioPrompt(config: JsonObject): AudioPrompt {
+  const audioTokenId = optionalInt(omniThinker(config).audio_token_id, "config.json thinker_config.audio_token_id") ?? 151675;
+  return { audioToken: "<|audio_pad|>", audioTokenId };
 }
 
 function sizeOf(value: Json | undefined, what: string): { height: number; width: number } | null {

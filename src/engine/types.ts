@@ -106,6 +106,14 @@ export interface PromptMedia {
   params: string[];
   /** An audio prompt (a transcription's file): its bytes, decoded by the worker, and their 53-bit hash. */
   audio?: PromptAudio;
+  /** A chat's audio parts (a model that hears): their bytes, decoded by the worker, and where each came from. */
+  clips?: { data: Uint8Array; param: string }[];
+  /**
+   * Where the worker expands the prompt's placeholders (VisionPrompt.expandsInWorker): a 53-bit hash
+   * of every image and clip in order, the root of the request's block hashes once the engine takes
+   * the worker's ids (the spans' offsets no longer hold then).
+   */
+  hash?: number;
 }
 
 interface PromptAudio {

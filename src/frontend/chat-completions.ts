@@ -25,7 +25,7 @@ import {
 } from "./run-generation.js";
 import { attachGrammar, compileRequestGrammar, toolChoiceGrammar } from "./structured-output.js";
 import { withParsedToolArguments } from "./tool-request.js";
-import { expandImageTokens, loadImages } from "./media.js";
+import { expandImageTokens, loadAudios, loadImages, promptMediaHash } from "./media.js";
 import type { PromptMedia } from "../engine/types.js";
 
 export interface ChatRenderRequest {
@@ -97,6 +97,15 @@ export async function prepareChat(ctx: FrontendContext, req: ChatRequest, id: st
     const images = await loadImages(req.images, ctx.media);
     ({ promptIds, media } = expandImageTokens(promptIds, ctx.vision, req.images, images));
   }
+  if (ctx.audio !== null && req.audios.length > 0) {
+    const clips = await loadAudios(req.audios, ctx.media);
+    const placeholders = promptIds.filter((id) => id === ctx.audio!.audioTokenId).length;
+    if (placeholders !== clips.length) {
+      throw badRequest(`the prompt holds ${placeholders} audio placeholders (${JSON.stringify(ctx.audio.audioToken)}) for ${clips.length} audio parts; the text must not contain the placeholder itself`, "messages");
+    }
+    media = { spans: [], images: [], params: [], ...media, clips: clips.map((data, i) => ({ data, param: req.audios[i]!.param })) };
+  }
+  if (media !== null && ctx.vision?.expandsInWorker) media.hash = promptMediaHash(media);
   const answer = new ChatAnswer(ctx, req, prompt);
   const specs = buildChoices(ctx, id, [promptIds], answer.generationRequest, arrivalMs);
   if (grammar !== null) attachGrammar(specs, { spec: grammar.spec, reasoning: answer.grammarReasoning() });
@@ -106,7 +115,7 @@ export async function prepareChat(ctx: FrontendContext, req: ChatRequest, id: st
 
 export async function handleChatCompletion(ctx: FrontendContext, request: FastifyRequest, reply: FastifyReply): Promise<unknown> {
   const arrivalMs = performance.now();
-  const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null });
+  const req = parseChatRequest(request.body, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null, audioToken: ctx.audio?.audioToken ?? null });
   ctx.noteIgnoredFields("/v1/chat/completions", req.ignoredFields);
   checkModel(ctx, req.model);
   checkAvailable(ctx);

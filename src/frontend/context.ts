@@ -9,7 +9,7 @@ import type { GrammarSpec } from "../structured/grammar-spec.js";
 import type { RequestSessions } from "./request-session.js";
 import type { ModelLimits } from "./sampling.js";
 import type { TokenStrings } from "./token-strings.js";
-import type { SpeechRecognition, VisionPrompt } from "../config/model-dir.js";
+import type { AudioPrompt, SpeechRecognition, VisionPrompt } from "../config/model-dir.js";
 import type { MediaOptions } from "./media.js";
 import type { LoraCatalog } from "./lora-adapters.js";
 
@@ -42,6 +42,8 @@ export interface FrontendContext {
   grammars: GrammarCompiling | null;
   /** How images sit in the model's prompts; null: a model without vision (image parts are a 400). */
   vision: VisionPrompt | null;
+  /** How audio sits in the model's prompts; null: a model that does not hear (audio parts are a 400). */
+  audio: AudioPrompt | null;
   /** A speech-recognition model's prompt tokens and audio window; null: transcription requests are a 400. */
   speech: SpeechRecognition | null;
   /** What image parts may load. */

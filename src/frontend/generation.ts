@@ -70,6 +70,8 @@ export class Generation implements SessionOwner {
   completionTokens = 0;
   /** Prompt tokens the engine served from the prefix cache (usage.prompt_tokens_details.cached_tokens). */
   numCachedTokens = 0;
+  /** The prompt's length as the model's process_prompt expanded it (its audio's tokens); null: the request's own. */
+  numPromptTokens: number | null = null;
   /** Generated tokens received from the engine (some may still be on their way to the sink). */
   private generatedTokens = 0;
   /** No more sink calls once closed. */
@@ -141,6 +143,8 @@ export class Generation implements SessionOwner {
     }
     const ids = output.newTokenIds;
     this.numCachedTokens = output.numCachedTokens;
+    const expanded = output.promptInfo?.num_prompt_tokens?.[0];
+    if (expanded !== undefined) this.numPromptTokens = expanded;
     this.generatedTokens += ids.length;
     const finishReason: OpenAIFinishReason | null = output.finished ? (output.finishReason === "length" ? "length" : "stop") : null;
     // A stop token (EOS or stop_token_ids) counts as generated but is not text (vLLM).

@@ -7,7 +7,7 @@
 // Baton does not implement are refused when they would change the output.
 
 import { z } from "zod";
-import { ChatTemplateError, normalizeMessages, type ImagePart, type TemplateMessage } from "../text/chat-template.js";
+import { ChatTemplateError, normalizeMessages, type AudioPart, type ImagePart, type TemplateMessage } from "../text/chat-template.js";
 import { SPEECH_FORMATS, type SpeechFormat } from "./audio-encoding.js";
 import type { ImageGenerationSpec } from "../config/model-dir.js";
 import { badRequest, type ApiError } from "./openai-error.js";
@@ -19,6 +19,8 @@ export interface ValidationLimits {
   vocabSize: number;
   /** The model's image placeholder text (a vision-language model); absent or null: image parts are a 400. */
   imageToken?: string | null;
+  /** The model's audio placeholder text (a model that hears); absent or null: audio parts are a 400. */
+  audioToken?: string | null;
 }
 
 /** The message roles of OpenAI's chat API (vLLM accepts the same). */
@@ -86,6 +88,8 @@ export interface ChatRequest extends SamplingRequest {
   messages: TemplateMessage[];
   /** image_url parts in prompt order; each left its model's placeholder in its message's content. */
   images: ImagePart[];
+  /** input_audio / audio_url parts in prompt order, likewise. */
+  audios: AudioPart[];
   addGenerationPrompt: boolean;
   continueFinalMessage: boolean;
   chatTemplateKwargs: Record<string, unknown>;
@@ -423,8 +427,13 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
   const sampling = parseSampling(body, limits, maxTokens, useCompletionTokens ? "max_completion_tokens" : "max_tokens", wantsLogprobs ? topLogprobs : -1, unknownKeys(chatSchema, raw));
   let messages: TemplateMessage[];
   const images: ImagePart[] = [];
+  const audios: AudioPart[] = [];
   try {
-    messages = normalizeMessages(body.messages, limits.imageToken != null ? { placeholder: limits.imageToken, found: images } : null);
+    messages = normalizeMessages(
+      body.messages,
+      limits.imageToken != null ? { placeholder: limits.imageToken, found: images } : null,
+      limits.audioToken != null ? { placeholder: limits.audioToken, found: audios } : null,
+    );
   } catch (error) {
     if (error instanceof ChatTemplateError) throw badRequest(error.message, error.param);
     throw error;
@@ -447,6 +456,7 @@ export function parseChatRequest(raw: unknown, limits: ValidationLimits): ChatRe
     promptLogprobs: body.prompt_logprobs ?? -1,
     messages,
     images,
+    audios,
     addGenerationPrompt,
     continueFinalMessage,
     chatTemplateKwargs: body.chat_template_kwargs ?? {},

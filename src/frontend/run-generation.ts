@@ -106,7 +106,7 @@ export function buildChoices(ctx: FrontendContext, responseId: string, prompts: 
 
 function usageOf(specs: readonly ChoiceSpec[], generations: readonly Generation[]): Usage {
   const prompts = new Map<number, number>();
-  for (const spec of specs) prompts.set(spec.promptIndex, spec.request.promptIds.length);
+  specs.forEach((spec, i) => prompts.set(spec.promptIndex, generations[i]?.numPromptTokens ?? spec.request.promptIds.length));
   let promptTokens = 0;
   for (const n of prompts.values()) promptTokens += n;
   // Per prompt, the most any of its choices got from the prefix cache.

@@ -30,7 +30,7 @@ import { registerResponsesRoutes } from "./responses/routes.js";
 import { RESPONSES_STORE_DEFAULTS, type ResponseStoreOptions } from "./responses/store.js";
 import { handleImageGeneration, handleMultipartGenerate, handleSpeech, type GraphEndpointsOptions, type GraphEngineHandle } from "./graph-endpoints.js";
 import type { DashboardSource } from "./dashboard/snapshot.js";
-import type { SpeechRecognition, VisionPrompt } from "../config/model-dir.js";
+import type { AudioPrompt, SpeechRecognition, VisionPrompt } from "../config/model-dir.js";
 import { handleTranscription } from "./transcriptions.js";
 import { NO_MEDIA_ALLOWED, type MediaOptions } from "./media.js";
 import type { PoolingInfo } from "../transport/messages.js";
@@ -73,6 +73,7 @@ export interface ServerOptions {
   graph?: (Omit<GraphEndpointsOptions, "unavailableReason" | "sessions"> & { engine: GraphEngineHandle }) | null;
   /** A vision-language model's image placement; null/undefined: image parts are a 400. */
   vision?: VisionPrompt | null;
+  audio?: AudioPrompt | null;
   /** A speech-recognition model (Whisper): what /v1/audio/transcriptions and /translations need; null/undefined: those are a 400. */
   speech?: SpeechRecognition | null;
   /** A pooling model's Ready.pooling: /v1/embeddings serves it and the generating routes answer 400; null/undefined: a generating model. */
@@ -155,6 +156,7 @@ export function buildServer(options: ServerOptions): BatonServer {
     enableAutoToolChoice: options.enableAutoToolChoice ?? false,
     grammars: options.grammars ?? null,
     vision: options.vision ?? null,
+    audio: options.audio ?? null,
     speech: options.speech ?? null,
     media: options.media ?? NO_MEDIA_ALLOWED,
     adapters: options.lora ?? null,

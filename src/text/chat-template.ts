@@ -17,7 +17,7 @@ export class ChatTemplateError extends Error {
 }
 
 /** A content part as a template that loops over content sees it (transformers' processors' form). */
-type TemplatePart = { type: "text"; text: string } | { type: "image" };
+type TemplatePart = { type: "text"; text: string } | { type: "image" } | { type: "audio" };
 
 /** The message's content parts, in order, kept beside the joined string for "openai"-format templates (a symbol: templates never see it). */
 const CONTENT_PARTS: unique symbol = Symbol("content parts");
@@ -33,11 +33,13 @@ export interface TemplateMessage {
 /**
  * How a template reads message content, as vLLM's --chat-template-content-format
  * detects it: "openai" when it loops over a message's content (vision models'
- * templates emit their image token per {"type": "image"} part), else "string".
+ * templates emit their image token per {"type": "image"} part), or over a
+ * variable named content (Qwen3-Omni's template hands each message's content to
+ * a macro), else "string".
  */
 export type ContentFormat = "string" | "openai";
 
-const CONTENT_LOOP = /\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[\s*['"]content['"]\s*\]|\.content)(?![\w.[])/;
+const CONTENT_LOOP = /\{%-?\s*for\s+\w+\s+in\s+(?:\w+(?:\[\s*['"]content['"]\s*\]|\.content)|content)(?![\w.[])/;
 
 function detectContentFormat(source: string): ContentFormat {
   return CONTENT_LOOP.test(source) ? "openai" : "string";
@@ -54,7 +56,7 @@ export interface SpecialTokens {
   eosToken: string | null;
 }
 
-type ContentPart = { type?: unknown; text?: unknown; image_url?: unknown };
+type ContentPart = { type?: unknown; text?: unknown; image_url?: unknown; input_audio?: unknown; audio_url?: unknown };
 
 /** An image_url content part: where it is in the request and its URL. */
 export interface ImagePart {
@@ -68,13 +70,31 @@ export interface ImageCollector {
   found: ImagePart[];
 }
 
+/** An audio content part: where it is in the request and its bytes' URL (input_audio's base64 as a data: URL). */
+export type AudioPart = ImagePart;
+
+/** How audio parts (input_audio, vLLM's audio_url) become text, as ImageCollector for images. */
+export interface AudioCollector {
+  placeholder: string;
+  found: AudioPart[];
+}
+
+// OpenAI's input_audio formats, as the data: URL's media type.
+const AUDIO_FORMATS: Record<string, string> = { wav: "audio/wav", mp3: "audio/mpeg", flac: "audio/flac", ogg: "audio/ogg", webm: "audio/webm", m4a: "audio/mp4" };
+
 /**
  * OpenAI content is a string, null (assistant turns with tool calls), or a list
  * of parts. Text parts are joined with "\n" (vLLM's "string" content format);
  * an image_url part becomes the model's image placeholder (`images`) in its
  * place, and is refused for a model without one; other part types are refused.
  */
-function normalizeContent(content: unknown, param: string, images: ImageCollector | null = null, parts: TemplatePart[] = []): string {
+function normalizeContent(
+  content: unknown,
+  param: string,
+  images: ImageCollector | null = null,
+  parts: TemplatePart[] = [],
+  audios: AudioCollector | null = null,
+): string {
   if (typeof content === "string") {
     parts.push({ type: "text", text: content });
     return content;
@@ -101,6 +121,13 @@ function normalizeContent(content: unknown, param: string, images: ImageCollecto
       parts.push({ type: "image" });
       return;
     }
+    if (type === "input_audio" || type === "audio_url") {
+      if (audios === null) throw new ChatTemplateError(`${where}: this model does not take audio`, where);
+      audios.found.push(audioPart(part as ContentPart, type, where));
+      texts.push(audios.placeholder);
+      parts.push({ type: "audio" });
+      return;
+    }
     if (type !== "text") {
       throw new ChatTemplateError(`${where}: content part type ${JSON.stringify(type)} is not supported (only "text")`, where);
     }
@@ -111,8 +138,27 @@ function normalizeContent(content: unknown, param: string, images: ImageCollecto
   return texts.join("\n");
 }
 
+/** input_audio {data: base64, format} (OpenAI's) or audio_url {url} (vLLM's) as an AudioPart. */
+function audioPart(part: ContentPart, type: "input_audio" | "audio_url", where: string): AudioPart {
+  if (type === "audio_url") {
+    const value = part.audio_url;
+    const url = typeof value === "string" ? value : typeof value === "object" && value !== null ? (value as { url?: unknown }).url : undefined;
+    if (typeof url !== "string" || url === "") throw new ChatTemplateError(`${where}.audio_url.url must be a non-empty string`, where);
+    return { param: where, url };
+  }
+  const value = part.input_audio;
+  if (typeof value !== "object" || value === null) throw new ChatTemplateError(`${where}.input_audio must be an object with data and format`, where);
+  const { data, format } = value as { data?: unknown; format?: unknown };
+  if (typeof data !== "string" || data === "") throw new ChatTemplateError(`${where}.input_audio.data must be a non-empty base64 string`, `${where}.input_audio.data`);
+  const type_ = typeof format === "string" ? AUDIO_FORMATS[format.toLowerCase()] : undefined;
+  if (type_ === undefined) {
+    throw new ChatTemplateError(`${where}.input_audio.format must be one of ${Object.keys(AUDIO_FORMATS).join(", ")}`, `${where}.input_audio.format`);
+  }
+  return { param: where, url: `data:${type_};base64,${data}` };
+}
+
 /** Validates OpenAI chat messages and normalizes their content to strings. */
-export function normalizeMessages(messages: unknown, images: ImageCollector | null = null): TemplateMessage[] {
+export function normalizeMessages(messages: unknown, images: ImageCollector | null = null, audios: AudioCollector | null = null): TemplateMessage[] {
   if (!Array.isArray(messages)) throw new ChatTemplateError("messages must be a list of messages", "messages");
   if (messages.length === 0) throw new ChatTemplateError("messages must not be empty", "messages");
   return messages.map((message: unknown, i) => {
@@ -125,7 +171,7 @@ export function normalizeMessages(messages: unknown, images: ImageCollector | nu
       throw new ChatTemplateError(`${where}.role must be a non-empty string`, `${where}.role`);
     }
     const parts: TemplatePart[] = [];
-    const content = normalizeContent(record.content, `${where}.content`, images, parts);
+    const content = normalizeContent(record.content, `${where}.content`, images, parts, audios);
     return { ...record, role: record.role, content, [CONTENT_PARTS]: parts };
   });
 }

@@ -20,10 +20,12 @@ function run(args: string[]) {
 describe("parseServeArgs", () => {
   test("media flags, as vLLM names them", () => {
     const { options } = parseServeArgs(
-      ["--allowed-media-domains", "Example.com cdn.example.org", "--allowed-media-domains=img.test", "--allowed-local-media-path", "/data/images", "--limit-mm-per-prompt", '{"image": 2}', "--max-image-bytes", "1M"],
+      ["--allowed-media-domains", "Example.com cdn.example.org", "--allowed-media-domains=img.test", "--allowed-local-media-path", "/data/images", "--limit-mm-per-prompt", '{"image": 2, "audio": 1}', "--max-image-bytes", "1M"],
       {},
     );
-    assert.deepEqual(options.media, { allowedDomains: ["example.com", "cdn.example.org", "img.test"], allowedLocalPath: "/data/images", maxImagesPerPrompt: 2, maxImageBytes: 1024 * 1024 });
+    assert.deepEqual(options.media, {
+      allowedDomains: ["example.com", "cdn.example.org", "img.test"], allowedLocalPath: "/data/images", maxImagesPerPrompt: 2, maxImageBytes: 1024 * 1024, maxAudiosPerPrompt: 1,
+    });
     assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", "2"], {}), /expected a JSON object/);
     assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"video": 1}'], {}), /modality 'video' is not served/);
     assert.throws(() => parseServeArgs(["--limit-mm-per-prompt", '{"image": -1}'], {}), /non-negative integer/);
@@ -82,7 +84,7 @@ describe("parseServeArgs", () => {
     assert.equal(help, false);
     assert.deepEqual(options, {
       modelDir: null,
-      media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024 },
+      media: { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: 20 * 1024 * 1024, maxAudiosPerPrompt: null },
       responsesStore: { maxBytes: 256 * 1024 * 1024, ttlMs: 86_400_000 },
       lora: null,
       speculative: null,

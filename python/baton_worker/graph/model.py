@@ -41,13 +41,19 @@ class KvDecoderLayout:
 
     text_config: the key of config.json with the decoder's config;
     rename: maps a plain decoder's weight name (model.layers.0...) to the stored one;
-    embeds_token_id: the prompt token whose embeddings AddedRequest.embeds rows
-    replace (a vision-language model's image token), or None.
+    embeds_token_ids: the prompt tokens whose embeddings AddedRequest.embeds rows
+    replace, in prompt order (a vision-language model's image token; Qwen3-Omni's
+    audio and image tokens), or none.
+    deepstack_layers: D > 0 when each embeds row carries, after the row itself, D
+    more rows of the same width added to the residual stream after decoder layers
+    0..D-1 (Qwen3-Omni's vision features; zeros where a row has none, such as an
+    audio token's, which adds nothing).
     """
 
     text_config: str | None
     rename: Callable[[str], str]
-    embeds_token_id: int | None = None
+    embeds_token_ids: tuple[int, ...] = ()
+    deepstack_layers: int = 0
     # A decoder other than the Llama-family DecoderModel (Whisper's), or None: its config from the
     # directory (it sizes the KV cache), the model from that config and a weight reader, whether it
     # cross-attends an encoder output (AddedRequest.encoder_states), and its logits rules from the

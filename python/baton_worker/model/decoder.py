@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from ..lora import LoraBatch
 
 
+# torch's grouped matrix multiply (torch >= 2.10: F.grouped_mm; earlier: torch._grouped_mm), or None.
+_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
@@ -394,8 +397,23 @@ class DecoderModel:
             weights /= weights.sum(dim=-1, keepdim=True)
         weights = weights.to(logits.dtype).reshape(-1)
         flat = chosen.reshape(-1)
-        # Every (token, choice) pair sorted by its expert; one host read of the counts per layer.
+        # Every (token, choice) pair sorted by its expert.
         order = torch.argsort(flat, stable=True)
+        if h.is_cuda and h.dtype == torch.bfloat16 and _GROUPED_MM is not None:
+            out = self._experts_grouped(moe, h, flat, order, weights)
+        else:
+            out = self._experts_looped(moe, h, flat, order, weights)
+        if moe.shared_gate_up is not None:
+            # Qwen2MoeSparseMoeBlock: the shared expert scaled by its sigmoid gate, added after the experts.
+            shared = F.linear(self.ops.silu_mul(F.linear(h, moe.shared_gate_up)), moe.shared_down)
+            out = out + torch.sigmoid(F.linear(h, moe.shared_gate)) * shared
+        return out
+
+    def _experts_looped(self, moe: MoeWeights, h: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One pair of matrix multiplies per expert that has tokens, each expert's output added into its tokens'
+        sums in ascending expert order: transformers' arithmetic to the bit (float32), at one host read of the
+        counts per layer."""
+        c = moe.config
         counts = torch.bincount(flat, minlength=c.num_experts).tolist()
         out = torch.zeros_like(h)
         start = 0
@@ -407,11 +425,19 @@ class DecoderModel:
             tokens = pairs // c.top_k
             y = F.linear(self.ops.silu_mul(F.linear(h.index_select(0, tokens), moe.gate_up[expert])), moe.down[expert])
             out.index_add_(0, tokens, y * weights.index_select(0, pairs)[:, None])
-        if moe.shared_gate_up is not None:
-            # Qwen2MoeSparseMoeBlock: the shared expert scaled by its sigmoid gate, added after the experts.
-            shared = F.linear(self.ops.silu_mul(F.linear(h, moe.shared_gate_up)), moe.shared_down)
-            out = out + torch.sigmoid(F.linear(h, moe.shared_gate)) * shared
         return out
+
+    def _experts_grouped(self, moe: MoeWeights, h: torch.Tensor, flat: torch.Tensor, order: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """bfloat16 on a GPU: every expert's tokens in one grouped matrix multiply per projection, the group
+        boundaries computed on the device (the looped path's host read per layer stalls the GPU, and its
+        launches grow with the experts), then each token's top-k outputs weighted and summed in a fixed order
+        (no atomic adds: the same input gives the same bits)."""
+        c = moe.config
+        offsets = torch.cumsum(torch.bincount(flat, minlength=c.num_experts), 0).to(torch.int32)
+        x = h.index_select(0, order // c.top_k)
+        y = _GROUPED_MM(self.ops.silu_mul(_GROUPED_MM(x, moe.gate_up.transpose(1, 2), offs=offsets)), moe.down.transpose(1, 2), offs=offsets)
+        pairs = torch.empty_like(y).index_copy_(0, order, y)  # back to (token, choice) order
+        return (pairs.view(h.shape[0], c.top_k, -1) * weights.view(h.shape[0], c.top_k, 1)).sum(dim=1)
 
     def _row_parallel(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A row-parallel projection: this rank's partial sum, all-reduced, then the (whole) bias once."""

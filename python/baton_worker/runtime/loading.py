@@ -65,6 +65,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..attention import make_backend
@@ -295,7 +296,8 @@ def _load_decoder(
         cache = KVCache(local, num_blocks, opts.block_size, dtype, device)
         attention = make_backend(attention_backend, cache, local.num_heads, model.scale, config.sliding_windows)
     runner = StepRunner(model, attention, Sampler(opts.seed, device), config.vocab_size, opts.block_size, num_blocks, device)
-    runner.embeds_token_id = layout.embeds_token_id if layout else None
+    if layout is not None:
+        runner.embeds_token_ids, runner.deepstack_layers = np.asarray(layout.embeds_token_ids, np.int64), layout.deepstack_layers
     runner.lora = lora
     if layout is not None and layout.cross_attention and cache is not None:
         runner.cross = CrossAttention(cache, local.num_heads)

@@ -217,10 +217,11 @@ class StepRunner:
         self.cpu = CpuThreads(torch.get_num_threads()) if device.type == "cpu" else None
         # Slots of requests that want prompt logprobs, until their prompt is computed.
         self.prompt_slots: set[int] = set()
-        # Prompt embeddings (AddedRequest.embeds): the token they replace, how a handle
-        # resolves to its tensor (the graph worker's store), and per slot the
-        # replaced positions with their rows.
-        self.embeds_token_id: int | None = None
+        # Prompt embeddings (AddedRequest.embeds): the tokens they replace, the deepstack rows each
+        # carries after its own (KvDecoderLayout), how a handle resolves to its tensor (the graph
+        # worker's store), and per slot the replaced positions with their rows.
+        self.embeds_token_ids = np.zeros(0, np.int64)
+        self.deepstack_layers = 0
         self.embeds_of: Callable[[int], torch.Tensor] | None = None
         self.embeds: dict[int, tuple[np.ndarray, torch.Tensor]] = {}
         # Per slot, a multimodal-rotary request's prompt positions [3, prompt] and the offset of every later
@@ -328,7 +329,13 @@ class StepRunner:
                 attention = self.attention.prepare(inputs.attention)
                 if self.cross is not None:
                     attention = with_cross(attention, self._cross_plan(slots, inputs))
-                hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace, lora)
+                if replace is not None and self.deepstack_layers:
+                    index, rows = replace
+                    split = rows.split(self.model.config.hidden_size, dim=1)
+                    hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, (index, split[0]), lora,
+                                                      deepstack=(index, list(split[1:])))
+                else:
+                    hidden = self.model.hidden_states(inputs.input_ids, inputs.positions, attention, replace, lora)
                 if screened is not None:
                     head_rows = (self.model.head_input(hidden, head_inputs.logits_indices), screened, shares)
                 elif self.frames is not None:
@@ -850,17 +857,20 @@ class StepRunner:
     # ------------------------------------------------------------ prompt embeddings
 
     def _added_embeds(self, where: str, added) -> tuple[np.ndarray, torch.Tensor]:
-        """The positions of the prompt's embeds token and the rows that replace them."""
-        if self.embeds_of is None or self.embeds_token_id is None:
+        """The positions of the prompt's embeds tokens and the rows that replace them."""
+        if self.embeds_of is None or not len(self.embeds_token_ids):
             raise ProtocolError(f"{where}.embeds", "this worker's model takes no prompt embeddings")
         try:
             rows = self.embeds_of(added.embeds)
         except KeyError:
             raise ProtocolError(f"{where}.embeds", f"tensor handle {added.embeds} is not in this worker's store") from None
-        positions = np.flatnonzero(added.token_ids[: added.num_prompt_tokens] == self.embeds_token_id).astype(np.int64)
-        if rows.dim() != 2 or rows.shape[0] != len(positions):
+        positions = np.flatnonzero(np.isin(added.token_ids[: added.num_prompt_tokens], self.embeds_token_ids)).astype(np.int64)
+        width = self.model.config.hidden_size * (1 + self.deepstack_layers)
+        if rows.dim() != 2 or rows.shape[0] != len(positions) or rows.shape[1] != width:
             raise ProtocolError(
-                f"{where}.embeds", f"tensor of shape {tuple(rows.shape)} for {len(positions)} positions of token {self.embeds_token_id}"
+                f"{where}.embeds",
+                f"tensor of shape {tuple(rows.shape)} for {len(positions)} positions of tokens {self.embeds_token_ids.tolist()} "
+                f"(rows of {width})",
             )
         return positions, rows
 

@@ -93,7 +93,7 @@ class Responses {
       ...req.input.map((item, i) => ({ item, param: `input[${i}]` })),
     ];
     const conversation = conversationMessages(req.instructions, items);
-    const chat = toChatRequest(req, conversation, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null });
+    const chat = toChatRequest(req, conversation, { vocabSize: ctx.vocabSize, imageToken: ctx.vision?.imageToken ?? null, audioToken: ctx.audio?.audioToken ?? null });
     const id = newItemId("resp");
     let prepared: PreparedChat;
     try {

@@ -79,7 +79,7 @@ class LlavaGraphModel(VisionLanguageGraph):
                 return head + name[len("lm_head.") :]
             return name
 
-        return KvDecoderLayout("text_config", rename, self.image_token_id)
+        return KvDecoderLayout("text_config", rename, (self.image_token_id,))
 
     def encoder_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
         return LlavaVision(

@@ -129,7 +129,7 @@ class Qwen25VLGraphModel(VisionLanguageGraph):
         def rename(name: str) -> str:
             return body + name[len("model.") :] if name.startswith("model.") else name
 
-        return KvDecoderLayout("text_config", rename, self.image_token_id)
+        return KvDecoderLayout("text_config", rename, (self.image_token_id,))
 
     def encoder_submodule(self, reader: WeightReader, dtype: torch.dtype) -> torch.nn.Module:
         return QwenVision(Qwen25VisionTower(reader.get, self.vision_prefix, self.vision_config), self.merge, dtype)
