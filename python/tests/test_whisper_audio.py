@@ -328,8 +328,9 @@ class _Spy:
 @pytest.mark.parametrize(
     ("data", "max_seconds"),
     [
-        pytest.param(encode(SOURCE_Q, RATE, "wav", "pcm_s16le"), None, id="ok"),
-        pytest.param(encode(SOURCE_Q, RATE, "wav", "pcm_s16le"), 1.0, id="too-long"),
+        # FLAC: a plain 16 kHz WAV is read without FFmpeg (_plain_wav).
+        pytest.param(encode(SOURCE_Q, RATE, "flac", "flac"), None, id="ok"),
+        pytest.param(encode(SOURCE_Q, RATE, "flac", "flac"), 1.0, id="too-long"),
         pytest.param(video_only_mp4(), None, id="video-only"),
         pytest.param(wav_bytes(0x9999, bytes(3200)), None, id="unknown-codec"),
         pytest.param(wav_bytes(1, bytes(3200), rate=1), None, id="rate-1hz"),  # raised mid-decode
@@ -344,3 +345,17 @@ def test_containers_are_closed(monkeypatch, data, max_seconds):
     except AudioError:
         pass
     assert len(opened) == 1 and opened[0].closed
+
+
+@pytest.mark.parametrize("channels", [1, 2])
+def test_plain_wav_read_without_ffmpeg_equals_pyav(channels, monkeypatch):
+    """16-bit PCM WAV at the model's rate skips FFmpeg; its samples are the ones PyAV's path gives."""
+    from baton_worker.models.whisper import audio
+
+    x = quantize(speech_like(RATE, 1.2))
+    x = np.stack([x, quantize(speech_like(RATE, 1.2, f0=220.0))]) if channels == 2 else x
+    data = encode(x, RATE, "wav", "pcm_s16le")
+    fast = decode_audio(data)
+    assert audio._plain_wav(data, RATE) is not None
+    monkeypatch.setattr(audio, "_plain_wav", lambda data, rate: None)
+    np.testing.assert_array_equal(fast, decode_audio(data))

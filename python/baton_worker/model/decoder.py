@@ -433,7 +433,9 @@ class DecoderModel:
         launches grow with the experts), then each token's top-k outputs weighted and summed in a fixed order
         (no atomic adds: the same input gives the same bits)."""
         c = moe.config
-        offsets = torch.cumsum(torch.bincount(flat, minlength=c.num_experts), 0).to(torch.int32)
+        # scatter_add, not bincount: CUDA's bincount reads its input's maximum on the host.
+        counts = torch.zeros(c.num_experts, dtype=torch.int32, device=h.device).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         x = h.index_select(0, order // c.top_k)
         y = _GROUPED_MM(self.ops.silu_mul(_GROUPED_MM(x, moe.gate_up.transpose(1, 2), offs=offsets)), moe.down.transpose(1, 2), offs=offsets)
         pairs = torch.empty_like(y).index_copy_(0, order, y)  # back to (token, choice) order
