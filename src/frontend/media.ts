@@ -29,7 +29,7 @@ export interface MediaOptions {
 
 export const DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024;
 // OpenAI's limit on an uploaded audio file, for each audio part.
-export const MAX_AUDIO_BYTES = 25 * 1024 * 1024;
+const MAX_AUDIO_BYTES = 25 * 1024 * 1024;
 
 export const NO_MEDIA_ALLOWED: MediaOptions = { allowedDomains: [], allowedLocalPath: null, maxImagesPerPrompt: null, maxImageBytes: DEFAULT_MAX_IMAGE_BYTES };
 
