@@ -49,3 +49,27 @@ export async function runCompletions(url, n, concurrency, request) {
   );
   return { rate: tokens / ((performance.now() - t0) / 1000), answers };
 }
+
+/**
+ * POSTs bodyOf(0..n-1) to /v1/chat/completions, `concurrency` at a time (greedy, ignore_eos added), each
+ * answer checked to be maxTokens long; resolves with the requests per second over the whole run.
+ */
+export async function chatRequestsPerSecond(url, n, concurrency, bodyOf, maxTokens) {
+  let next = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: concurrency }, async () => {
+      while (next < n) {
+        const i = next++;
+        const res = await fetch(`${url}/v1/chat/completions`, {
+          method: "POST",
+          headers: { "content-type": "application/json" },
+          body: JSON.stringify({ ...bodyOf(i), max_tokens: maxTokens, temperature: 0, ignore_eos: true }),
+        });
+        const body = await res.json();
+        if (res.status !== 200 || body.usage.completion_tokens !== maxTokens) throw new Error(JSON.stringify(body).slice(0, 300));
+      }
+    }),
+  );
+  return n / ((performance.now() - t0) / 1000);
+}

@@ -9,7 +9,7 @@
 import { spawnSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { startBatonServer } from "./baton-server.mjs";
+import { chatRequestsPerSecond, startBatonServer } from "./baton-server.mjs";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const python = process.env.BATON_PYTHON ?? join(repo, ".venv", "bin", "python");
@@ -36,26 +36,11 @@ if (made.status !== 0) throw new Error(made.stderr);
 const images = JSON.parse(made.stdout);
 const requests = images.map((image, i) => ({ text: `Question ${i}: what is in this picture?`, image }));
 
-async function baton(url, concurrency) {
-  let next = 0;
-  const t0 = performance.now();
-  await Promise.all(Array.from({ length: concurrency }, async () => {
-    while (next < requests.length) {
-      const r = requests[next++];
-      const res = await fetch(`${url}/v1/chat/completions`, {
-        method: "POST",
-        headers: { "content-type": "application/json" },
-        body: JSON.stringify({
-          messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: `data:image/png;base64,${r.image}` } }, { type: "text", text: r.text }] }],
-          max_tokens: maxTokens, temperature: 0, ignore_eos: true,
-        }),
-      });
-      const body = await res.json();
-      if (res.status !== 200 || body.usage.completion_tokens !== maxTokens) throw new Error(JSON.stringify(body).slice(0, 300));
-    }
-  }));
-  return requests.length / ((performance.now() - t0) / 1000);
-}
+const baton = (url, concurrency) =>
+  chatRequestsPerSecond(url, requests.length, concurrency, (i) => {
+    const r = requests[i];
+    return { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: `data:image/png;base64,${r.image}` } }, { type: "text", text: r.text }] }] };
+  }, maxTokens);
 
 const ours = {};
 const server = await startBatonServer([model, "--log-level", "warn"]);

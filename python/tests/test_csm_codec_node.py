@@ -15,6 +15,7 @@ import json
 
 import pytest
 import torch
+from codec_streams import left_context_chunks, stream_through
 from csm_fixtures import CSM_MARKS, hf, model_dir  # noqa: F401  (fixtures)
 
 transformers = pytest.importorskip("transformers")
@@ -32,22 +33,6 @@ WALK = "codec_chunk"
 @pytest.fixture(scope="module")
 def node(model_dir):
     return load_codec_node(model_dir, "cpu")
-
-
-def left_context_chunks(n: int, size: int, left: int) -> list[tuple[ChunkInfo, int]]:
-    """(ChunkInfo, item count) of every chunk of a stream that ended with n items, as
-    chunk-policy.ts's nextChunk cuts a left_context policy: chunk k is
-    [max(0, k*size - left), (k+1)*size), the first whose end passes n is final and
-    holds [start, n) (remainder, only context, or nothing)."""
-    chunks = []
-    for k in range(n // size + 1):
-        start, fresh, end = max(0, k * size - left), k * size, (k + 1) * size
-        if end <= n:
-            chunks.append((ChunkInfo(k, start, fresh - start, False), end - start))
-        else:
-            chunks.append((ChunkInfo(k, start, fresh - start, True), n - start))
-            break
-    return chunks
 
 
 def test_chunking_mirrors_the_conductor():
@@ -71,7 +56,7 @@ def s16(x: torch.Tensor) -> torch.Tensor:
 
 
 def test_streamed_batches_match_transformers_whole_decode(node, hf):
-    decoder = node.decoder
+    decoder = node.codec
     k, fs = decoder.num_codebooks, decoder.frame_samples
     size, left = codec_chunk_policy(decoder)
     LeftContextChunkPolicy(size, left)  # valid parameters for the graph's connection
@@ -95,8 +80,6 @@ def test_streamed_batches_match_transformers_whole_decode(node, hf):
         "partial_stop": partial,
         "silent": stop,  # no audio frame at all
     }
-    chunks = {r: left_context_chunks(len(s), size, left) for r, s in streams.items()}
-
     # Count the decoder calls and keep their window shapes: one call per forward, equal windows batched.
     calls: list[list[tuple[int, ...]]] = []
     inner = decoder.decode_windows
@@ -107,29 +90,7 @@ def test_streamed_batches_match_transformers_whole_decode(node, hf):
 
     decoder.decode_windows = counting
     try:
-        pcm: dict[str, list[torch.Tensor]] = {r: [] for r in streams}
-        forwards = 0
-        for step in range(max(len(c) for c in chunks.values())):
-            live = [r for r in streams if step < len(chunks[r])]
-            live = live[step % 2 :] + live[: step % 2]  # vary the order of requests within a batch
-            infos, prepared = [], []
-            for rid, r in enumerate(live):
-                info, count = chunks[r][step]
-                items = list(streams[r][info.start : info.start + count])  # one tensor of K codes per item
-                if r == "mid":
-                    items = [streams[r][info.start : info.start + count]]  # several frames in one tensor
-                infos.append(PassInfo(step * 100 + rid, rid, WALK, "codec", {INPUT: info}, {}, {}))
-                prepared.append(node.prepare_inputs(WALK, infos[-1], {INPUT: items}))
-            before = len(calls)
-            outputs = node(WALK, infos, node.preprocess(WALK, infos, prepared))
-            forwards += 1
-            assert len(calls) - before <= 1, "every pass of a batch goes through one decode_windows call"
-            assert len(outputs) == len(live)
-            for r, out in zip(live, outputs, strict=True):
-                assert set(out) == {OUTPUT}
-                for p in out[OUTPUT]:
-                    assert p.dtype == torch.float32 and p.dim() == 1 and p.numel() % fs == 0 and p.numel() > 0
-                pcm[r] += out[OUTPUT]
+        pcm, forwards = stream_through(node, WALK, streams, size, left, calls, fs)
     finally:
         decoder.decode_windows = inner
     assert len(calls) == forwards  # every step here emits some audio
@@ -152,7 +113,7 @@ def test_streamed_batches_match_transformers_whole_decode(node, hf):
 
 
 def test_policy_cap_and_bad_codes(node, model_dir):
-    decoder = node.decoder
+    decoder = node.codec
     assert codec_chunk_policy(decoder, max_left_context=64) == (DEFAULT_CHUNK_FRAMES, 64)
     assert codec_chunk_policy(json.loads((model_dir / "config.json").read_text())) == (DEFAULT_CHUNK_FRAMES, decoder.left_context_frames)
     assert codec_chunk_policy(transformers.CsmConfig().to_dict()) == (DEFAULT_CHUNK_FRAMES, 1001)  # sesame/csm-1b's codec

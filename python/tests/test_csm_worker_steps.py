@@ -22,17 +22,16 @@ drive it:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from frame_driver import FrameDriver, FrameRequest, i32, wire
 from csm_fixtures import CONVERSATIONS, CSM_MARKS, SAMPLE_RATE, as_decoded, wav_bytes, hf, model_dir  # noqa: F401  (fixtures)
 
 transformers = pytest.importorskip("transformers")
 
-from baton_worker import protocol  # noqa: E402
 from baton_worker.models.csm.build import AUDIO_EOS_TOKEN_ID, AUDIO_TOKEN_ID, NUM_CODEBOOKS  # noqa: E402
 from baton_worker.models.csm.steps import CsmFrames  # noqa: E402
 from baton_worker.protocol import AddedRequest, GraphWork, PromptRequest, ProtocolError, SamplingParams, Step  # noqa: E402
@@ -55,17 +54,6 @@ def load(model_dir: Path, device: str = "cpu"):
     return load_worker(opts)
 
 
-def i32(*v):
-    return np.array(v, np.int32)
-
-
-def wire(message):
-    """The message as the other side reads it."""
-    return protocol.decode(protocol.encode(message))
-
-
-
-
 def prompt_request(request_id: int, conversation: list[dict]) -> PromptRequest:
     """A fixture conversation as the conductor sends it: the last turn's text and speaker, every earlier
     turn as a reference clip (WAV bytes), its transcript and its speaker."""
@@ -80,82 +68,28 @@ def prompt_request(request_id: int, conversation: list[dict]) -> PromptRequest:
 
 
 
-@dataclass
-class Request:
-    req_id: int
-    name: str
-    ids: list[int]  # the prompt's token ids (process_prompt's text_inputs)
-    handle: int  # its prompt frames in the worker's store (process_prompt's prompt_frames)
-    chunk: int  # prompt (and recomputed) positions per step
-    sampling: SamplingParams = field(default_factory=lambda: GREEDY)
-    max_frames: int = MAX_FRAMES
-    tokens: list[int] = field(default_factory=list)  # the engine's outputs (StepResult.token_ids)
-    frames: list[list[int]] = field(default_factory=list)  # StepResult.frames, row by row
-    computed: int = 0
-    blocks: list[int] = field(default_factory=list)
-    done: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.ids) + len(self.tokens)
+def Request(req_id: int, name: str, ids: list[int], handle: int, chunk: int, sampling: SamplingParams = GREEDY,
+            max_frames: int = MAX_FRAMES) -> FrameRequest:
+    """A request for conversation `name`: its prompt ids (process_prompt's text_inputs) and prompt frames' handle."""
+    return FrameRequest(req_id, ids, handle, chunk, max_frames, sampling, name)
 
 
-class Driver:
-    """A small engine over a loaded graph worker: every step, each running request runs its next chunk (or
-    its one new position) and samples when it reaches the end of its tokens; blocks come from a shuffled
-    free list and go back to it when a request is removed (finished or preempted)."""
+def _csm_stop(token: int, frame: list[int]) -> bool:
+    stop = all(c == 0 for c in frame[:-1])
+    assert token == (STOP if stop else frame[0]), f"token {token} for frame {frame}"
+    return stop
+
+
+class Driver(FrameDriver):
+    """The frame driver over a loaded graph worker (graph work rides in its steps)."""
 
     def __init__(self, worker, seed: int = 0):
+        super().__init__(worker.graph_runner.execute, K, _csm_stop, NUM_BLOCKS, BLOCK, seed)
         self.worker = worker
-        self.free = np.random.default_rng(seed).permutation(NUM_BLOCKS).tolist()
-        self.step_id = 0
-        self.running: list[Request] = []
-        self.added: list[AddedRequest] = []
-        self.removed: list[int] = []
-        self.steps_with_prefill_and_decode = 0
-        self.max_sampled = 0
 
     def execute(self, step: Step):
         self.step_id += 1
         return wire(self.worker.graph_runner.execute(wire(step)))
-
-    def step(self, graph: GraphWork | None = None):
-        """One step of every running request (and the pending adds and removals, and `graph`)."""
-        rows, blocks = [], []
-        prefill = decode = False
-        for r in self.running:
-            n = min(r.chunk, r.length - r.computed)
-            end = r.computed + n
-            prefill |= end < r.length or n > 1
-            decode |= n == 1 and r.computed >= len(r.ids)
-            new = [self.free.pop() for _ in range(-(-end // BLOCK) - len(r.blocks))]
-            r.blocks += new
-            blocks += new
-            rows.append((r, n, r.computed, len(new), int(end == r.length)))
-            r.computed = end
-        self.steps_with_prefill_and_decode += prefill and decode
-        cols = list(zip(*[(r.req_id, n, c, b, s) for r, n, c, b, s in rows])) or [()] * 5
-        step = Step(self.step_id, self.added, i32(*self.removed), i32(*cols[0]), i32(*cols[1]), i32(*cols[2]), i32(*cols[3]),
-                    i32(*blocks), np.array(cols[4], np.uint8), graph=graph)
-        self.added, self.removed = [], []
-        result = self.execute(step)
-        sampled = [r for r, _, _, _, s in rows if s]
-        self.max_sampled = max(self.max_sampled, len(sampled))
-        assert result.req_ids.tolist() == [r.req_id for r in sampled]
-        assert len(result.token_ids) == len(sampled)
-        if not sampled:
-            assert result.frames is None
-            return result
-        assert result.frames.dtype == np.int32 and result.frames.shape == (len(sampled) * K,)
-        for r, token, frame in zip(sampled, result.token_ids.tolist(), result.frames.reshape(-1, K).tolist()):
-            stop = all(c == 0 for c in frame[:-1])
-            assert token == (STOP if stop else frame[0]), f"request {r.req_id}: token {token} for frame {frame}"
-            r.tokens.append(token)
-            r.frames.append(frame)
-            if stop or len(r.frames) == r.max_frames:
-                r.done = True
-                self.remove(r)
-        return result
 
     def prompts(self, requests: dict[int, list[dict]]) -> dict[int, tuple[list[int], int]]:
         """process_prompt for each (request id -> conversation), in a step with the running requests' rows:
@@ -171,19 +105,6 @@ class Driver:
             assert frames.shape == [len(ids.ids), K + 1] and frames.worker == 0
             out[request_id] = (ids.ids.tolist(), frames.handle)
         return out
-
-    def add(self, r: Request) -> None:
-        """Added at the next step: its prompt, and its outputs so far when it was preempted."""
-        assert r.computed == 0 and not r.blocks
-        self.added.append(AddedRequest(r.req_id, i32(*r.ids, *r.tokens), len(r.ids), r.sampling, embeds=r.handle))
-        self.running.append(r)
-
-    def remove(self, r: Request) -> None:
-        """Removed at the next step (finished or preempted): its blocks go back to the free list."""
-        self.running.remove(r)
-        self.removed.append(r.req_id)
-        self.free += r.blocks[::-1]
-        r.blocks, r.computed = [], 0
 
     def frames_held(self) -> CsmFrames:
         return self.worker.runner.frames

@@ -26,6 +26,7 @@ from baton_worker.graph.node_runner import ChunkInfo, PassInfo  # noqa: E402
 from baton_worker.graph.streaming import LeftContextChunkPolicy  # noqa: E402
 from baton_worker.models.qwen3_omni import build  # noqa: E402
 from baton_worker.models.qwen3_omni.code2wav_node import DEFAULT_CHUNK_FRAMES, INPUT, OUTPUT, code2wav_chunk_policy, load_code2wav_node  # noqa: E402
+from codec_streams import stream_through  # noqa: E402
 from qwen3_omni_fixtures import OMNI_MARKS, hf, model_dir, processor  # noqa: E402,F401  (fixtures)
 
 pytestmark = OMNI_MARKS
@@ -40,55 +41,12 @@ def node(model_dir):
     return load_code2wav_node(model_dir, "cpu")
 
 
-def left_context_chunks(n: int, size: int, left: int) -> list[tuple[ChunkInfo, int]]:
-    """(ChunkInfo, item count) of every chunk of a stream that ended with n items, as chunk-policy.ts's
-    nextChunk cuts a left_context policy: chunk k is [max(0, k*size - left), (k+1)*size); the first whose
-    end passes n is final and holds [start, n) (remainder, only context, or nothing)."""
-    chunks = []
-    for k in range(n // size + 1):
-        start, fresh, end = max(0, k * size - left), k * size, (k + 1) * size
-        if end <= n:
-            chunks.append((ChunkInfo(k, start, fresh - start, False), end - start))
-        else:
-            chunks.append((ChunkInfo(k, start, fresh - start, True), n - start))
-            break
-    return chunks
-
-
-def stream_through(node, streams: dict[str, torch.Tensor], size: int, left: int, calls: list | None = None) -> dict[str, list[torch.Tensor]]:
-    """Every stream's chunks, a step's chunks of all streams in one batch: request name -> its PCM pieces."""
-    chunks = {r: left_context_chunks(len(s), size, left) for r, s in streams.items()}
-    pcm: dict[str, list[torch.Tensor]] = {r: [] for r in streams}
-    for step in range(max(len(c) for c in chunks.values())):
-        live = [r for r in streams if step < len(chunks[r])]
-        live = live[step % 2 :] + live[: step % 2]  # vary the order of requests within a batch
-        infos, prepared = [], []
-        for rid, r in enumerate(live):
-            info, count = chunks[r][step]
-            items = list(streams[r][info.start : info.start + count])  # one tensor of G codes per item
-            if r == "mid":
-                items = [streams[r][info.start : info.start + count]]  # several frames in one tensor
-            infos.append(PassInfo(step * 100 + rid, rid, WALK, "code2wav", {INPUT: info}, {}, {}))
-            prepared.append(node.prepare_inputs(WALK, infos[-1], {INPUT: items}))
-        before = 0 if calls is None else len(calls)
-        outputs = node(WALK, infos, node.preprocess(WALK, infos, prepared))
-        if calls is not None:
-            assert len(calls) - before <= 1, "every pass of a batch goes through one decode_windows call"
-        assert len(outputs) == len(live)
-        for r, out in zip(live, outputs, strict=True):
-            assert set(out) == {OUTPUT}
-            for p in out[OUTPUT]:
-                assert p.dtype == torch.float32 and p.dim() == 1 and p.numel() > 0
-            pcm[r] += out[OUTPUT]
-    return pcm
-
-
 def s16(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x.clamp(-1, 1) * 32767)
 
 
 def test_streamed_batches_match_the_whole_decode(node, hf):
-    code2wav = node.code2wav
+    code2wav = node.codec
     fs = code2wav.frame_samples
     size, left = code2wav_chunk_policy(code2wav)
     LeftContextChunkPolicy(size, left)  # valid parameters for the graph's connection
@@ -120,7 +78,7 @@ def test_streamed_batches_match_the_whole_decode(node, hf):
 
     code2wav.decode_windows = counting
     try:
-        pcm = stream_through(node, streams, size, left, calls)
+        pcm, _ = stream_through(node, WALK, streams, size, left, calls)
     finally:
         code2wav.decode_windows = inner
     assert any(shape.count((G, left + size)) >= 2 for shape in calls), "steady windows of two requests batch together"
@@ -165,14 +123,14 @@ def test_streamed_talker_speech_is_generates_audio(node, hf, processor):
     assert codes.shape == (9, G)
     # The talker node's stream: every frame, then the stop frame (talker_steps.py); chunks of 4 for several passes.
     stream = torch.cat([codes, torch.full((1, G), EOS)])
-    pcm = torch.cat(stream_through(node, {"speech": stream}, 4, node.code2wav.left_context_frames)["speech"])
+    pcm = torch.cat(stream_through(node, WALK, {"speech": stream}, 4, node.codec.left_context_frames)[0]["speech"])
     expected = audio.reshape(-1)
     assert pcm.shape == expected.shape
     torch.testing.assert_close(pcm, expected, rtol=0, atol=1e-5)
 
 
 def test_policy_final_chunks_and_bad_items(node, model_dir):
-    code2wav = node.code2wav
+    code2wav = node.codec
     config = json.loads((model_dir / "config.json").read_text())
     assert code2wav_chunk_policy(config) == (DEFAULT_CHUNK_FRAMES, code2wav.left_context_frames)
     assert code2wav_chunk_policy({}) == (DEFAULT_CHUNK_FRAMES, 578)  # Qwen3-Omni's code2wav: 46 s

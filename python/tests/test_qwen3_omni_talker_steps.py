@@ -21,7 +21,7 @@ talker_prompt node (talker_prompt_node), against transformers' Qwen3OmniMoeForCo
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,6 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("transformers.models.qwen3_omni_moe")
 
-from baton_worker import protocol  # noqa: E402
 from baton_worker.graph.node_runner import PassInfo, TensorStore  # noqa: E402
 from baton_worker.models.qwen3_omni import build  # noqa: E402
 from baton_worker.models.qwen3_omni.talker_prompt_node import (  # noqa: E402
@@ -46,6 +45,7 @@ from baton_worker.models.qwen3_omni.talker_steps import TalkerFrames, codec_sum,
 from baton_worker.protocol import AddedRequest, ProtocolError, SamplingParams, Step  # noqa: E402
 from baton_worker.runtime.loading import _load_decoder  # noqa: E402
 from baton_worker.runtime.options import WorkerOptions  # noqa: E402
+from frame_driver import FrameDriver, FrameRequest, i32  # noqa: E402
 from qwen3_omni_fixtures import OMNI_MARKS, hf, model_dir, processor  # noqa: E402,F401  (fixtures)
 
 pytestmark = OMNI_MARKS
@@ -71,11 +71,6 @@ CHATS = {
     "short": ([user("Why?")], 5, 40),
     "capped": ([SYSTEM, user("Count to three.")], 10, 6),  # the talker stopped by talker_max_new_tokens
 }
-
-
-def wire(message):
-    """The message as the other side reads it."""
-    return protocol.decode(protocol.encode(message))
 
 
 @dataclass
@@ -201,87 +196,22 @@ def load_runner(model_dir: Path):
     return runner, store
 
 
-def i32(*v):
-    return np.array(v, np.int32)
+def Request(req_id: int, ids: list[int], handle: int, chunk: int, max_frames: int = 40, sampling: SamplingParams = GREEDY) -> FrameRequest:
+    """A talker request: its talker_prompt_ids and its talker_embeds' handle."""
+    return FrameRequest(req_id, ids, handle, chunk, max_frames, sampling)
 
 
-@dataclass
-class Request:
-    req_id: int
-    ids: list[int]  # talker_prompt_ids
-    handle: int  # its talker_embeds in the store
-    chunk: int  # prompt (and recomputed) positions per step
-    max_tokens: int = 40
-    sampling: SamplingParams = field(default_factory=lambda: GREEDY)
-    tokens: list[int] = field(default_factory=list)
-    frames: list[list[int]] = field(default_factory=list)
-    computed: int = 0
-    blocks: list[int] = field(default_factory=list)
-    done: bool = False
-
-    @property
-    def length(self) -> int:
-        return len(self.ids) + len(self.tokens)
+def _talker_stop(token: int, frame: list[int]) -> bool:
+    assert token == frame[0], f"token {token} for frame {frame}"
+    return token == EOS
 
 
-class Driver:
-    """A small engine over the talker's StepRunner: every step each running request runs its next chunk (or its
-    one new position) and samples when it reaches the end of its tokens; it stops on codec_eos or at max_tokens.
-    Blocks come from a shuffled free list and go back when a request is removed (finished or preempted)."""
+class Driver(FrameDriver):
+    """The frame driver over the talker's StepRunner; it stops a request on codec_eos or at its max frames."""
 
     def __init__(self, runner, seed: int = 0):
+        super().__init__(runner.execute, G, _talker_stop, NUM_BLOCKS, BLOCK, seed)
         self.runner = runner
-        self.free = np.random.default_rng(seed).permutation(NUM_BLOCKS).tolist()
-        self.step_id = 0
-        self.running: list[Request] = []
-        self.added: list[AddedRequest] = []
-        self.removed: list[int] = []
-        self.mixed = 0  # steps with a prompt chunk and a decode row
-
-    def step(self) -> None:
-        rows, blocks = [], []
-        prefill = decode = False
-        for r in self.running:
-            n = min(r.chunk, r.length - r.computed)
-            end = r.computed + n
-            prefill |= r.computed < len(r.ids) or n > 1
-            decode |= n == 1 and r.computed >= len(r.ids)
-            new = [self.free.pop() for _ in range(-(-end // BLOCK) - len(r.blocks))]
-            r.blocks += new
-            blocks += new
-            rows.append((r, n, r.computed, len(new), int(end == r.length)))
-            r.computed = end
-        self.mixed += prefill and decode
-        cols = list(zip(*[(r.req_id, n, c, b, s) for r, n, c, b, s in rows])) or [()] * 5
-        step = Step(self.step_id, self.added, i32(*self.removed), i32(*cols[0]), i32(*cols[1]), i32(*cols[2]), i32(*cols[3]),
-                    i32(*blocks), np.array(cols[4], np.uint8))
-        self.step_id += 1
-        self.added, self.removed = [], []
-        result = wire(self.runner.execute(wire(step)))
-        sampled = [r for r, *_, s in rows if s]
-        assert result.req_ids.tolist() == [r.req_id for r in sampled]
-        if not sampled:
-            assert result.frames is None
-            return
-        assert result.frames.dtype == np.int32 and result.frames.shape == (len(sampled) * G,)
-        for r, token, frame in zip(sampled, result.token_ids.tolist(), result.frames.reshape(-1, G).tolist()):
-            assert token == frame[0], f"request {r.req_id}: token {token} for frame {frame}"
-            r.tokens.append(token)
-            r.frames.append(frame)
-            if token == EOS or len(r.tokens) == r.max_tokens:
-                r.done = True
-                self.remove(r)
-
-    def add(self, r: Request) -> None:
-        """Added at the next step: its prompt, and its outputs so far when it was preempted."""
-        self.added.append(AddedRequest(r.req_id, i32(*r.ids, *r.tokens), len(r.ids), r.sampling, embeds=r.handle))
-        self.running.append(r)
-
-    def remove(self, r: Request) -> None:
-        self.running.remove(r)
-        self.removed.append(r.req_id)
-        self.free += r.blocks[::-1]
-        r.blocks, r.computed = [], 0
 
 
 def run(driver: Driver, requests: dict[int, Request], joins: dict[int, int], preempt: dict[int, tuple[int, int]] | None = None,
@@ -341,13 +271,13 @@ def test_the_layout_loads_a_frame_model_with_the_rules(served):
 def test_greedy_steps_equal_transformers(served, references):
     runner, store, requests, driver, held = served
     names = {1: "two_turns", 2: "count", 3: "short", 4: "capped"}
-    assert driver.mixed > 0, "prompt chunks ran beside other rows' decodes"
+    assert driver.steps_with_prefill_and_decode > 0, "prompt chunks ran beside other rows' decodes"
     assert held == {2: 4, 3: 0}  # request 2's four frames were kept while it was out; request 3 had none
     for i, r in requests.items():
         expected = references[names[i]].codes
         if names[i] == "capped":
             # generate drew talker_max_new_tokens codebooks and made frames of all but the last; max_tokens one fewer.
-            assert len(r.frames) == r.max_tokens == expected.shape[0] and EOS not in r.tokens
+            assert len(r.frames) == r.max_frames == expected.shape[0] and EOS not in r.tokens
             assert torch.equal(torch.tensor(r.frames), expected)
             continue
         assert r.tokens[-1] == EOS and r.frames[-1] == [EOS] * G, f"request {i} ends with the stop frame"
@@ -356,7 +286,7 @@ def test_greedy_steps_equal_transformers(served, references):
         assert EOS not in r.tokens[:-1]
     # The worker keeps finished requests' frames until released (GraphWork.finished_requests).
     frames = runner.frames
-    assert sorted(frames.generated) == [1, 2, 3, 4] and not frames.rows
+    assert sorted(frames.generated) == [1, 2, 3, 4] and not frames.slots
     for i in requests:
         frames.release(i)
     assert not frames.generated and not frames.ended

@@ -152,6 +152,42 @@ def _eos_ids(value) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
+def stack_config(raw: dict, what: str, architecture: str, *, qk_norm: bool, rms_norm_eps: float,
+                 max_positions: int, mlp_bias: bool = False) -> ModelConfig:
+    """A SiLU decoder stack inside a composite model's config (CSM's backbone and depth decoder, Qwen3-Omni's
+    talker and code predictor) as a ModelConfig; missing fields take the model's defaults given here, and
+    attention_bias covers q, k, v and o alike. `what` names the config section in errors."""
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{what}: unsupported hidden_act {raw['hidden_act']!r}; supported: silu")
+    try:
+        hidden, heads, layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
+        intermediate, vocab = int(raw["intermediate_size"]), int(raw["vocab_size"])
+    except KeyError as missing:
+        raise ConfigError(f"{what}: missing {missing}") from None
+    bias = bool(raw.get("attention_bias", False))
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", rms_norm_eps)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", max_positions)),
+        tie_word_embeddings=False,
+        qkv_bias=bias,
+        o_bias=bias,
+        mlp_bias=mlp_bias,
+        qk_norm=qk_norm,
+        rope=_rope_config(raw),
+        sliding_windows=[None] * layers,
+        torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
+        eos_token_ids=[],
+    )
+
+
 def _require(raw: dict, key: str, path: Path):
     if key not in raw:
         raise ConfigError(f"{path}: missing {key!r}")

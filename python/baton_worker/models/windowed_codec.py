@@ -77,3 +77,70 @@ def window_attention(h: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Ten
             k, v = (x.repeat_interleave(heads // kv_heads, dim=1) for x in (k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling, is_causal=mask is None and t > 1, **extra)
     return F.linear(out.transpose(1, 2).contiguous().reshape(b, t, -1), *w["o"])
+
+
+def chunk_policy(left_context_frames: int, chunk: int, max_left_context: int | None) -> tuple[int, int]:
+    """(chunk, left_context) in frames for a codec node's LeftContextChunkPolicy: the codec's whole receptive
+    field as context (streaming is then exact to float rounding), or max_left_context when that is smaller
+    (bounded cost, approximate past it)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1 frame; got {chunk}")
+    left = left_context_frames
+    if max_left_context is not None:
+        if max_left_context < 0:
+            raise ValueError(f"max_left_context must be >= 0; got {max_left_context}")
+        left = min(left, max_left_context)
+    return chunk, left
+
+
+class WindowedCodecNode(torch.nn.Module):
+    """A codec node's submodule (CSM's Mimi, Qwen3-Omni's code2wav): a batch of passes, one chunk of a stream of
+    frames each (K integer codes a frame) -> the PCM its new frames add. A chunk's frames up to its first stop
+    frame (`is_stop`) form one window, its context frames then its new ones; every window of the batch goes
+    through one `codec.decode_windows` call."""
+
+    def __init__(self, codec, width: int, device: torch.device, input_name: str, output_name: str, codec_name: str, code_noun: str):
+        super().__init__()
+        self.codec, self.width, self.device = codec, width, device
+        self.input_name, self.output_name = input_name, output_name
+        self.codec_name, self.code_noun = codec_name, code_noun  # for messages: "Mimi's", "codebook"
+
+    def is_stop(self, frames: torch.Tensor) -> torch.Tensor:
+        """Per frame [n, K]: whether it ends the audio."""
+        raise NotImplementedError
+
+    def prepare_inputs(self, graph_walk: str, info, inputs: dict[str, list[torch.Tensor]]):
+        """-> (window codes [K, frames] up to the first stop frame, number of new frames among them)."""
+        chunk = info.chunks[self.input_name]
+        k = self.width
+        # Items come one frame per tensor ([K]); a tensor of several frames ([n, K]) reads the same, in order.
+        items = [t[None] if t.dim() == 1 else t for t in inputs.get(self.input_name, [])]
+        for t in items:
+            if t.dim() != 2 or t.shape[-1] != k or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                raise ValueError(f"a {self.input_name!r} item must be {k} integer codes per frame; got {t.dtype} {tuple(t.shape)}")
+        frames = torch.cat(items).to(self.device, torch.int64) if items else torch.zeros(0, k, dtype=torch.int64, device=self.device)
+        if not 0 <= chunk.context_count <= frames.shape[0]:
+            raise ValueError(f"chunk {chunk.index} holds {frames.shape[0]} frames but {chunk.context_count} of context")
+        stops = self.is_stop(frames).nonzero()
+        audio = int(stops[0, 0]) if stops.numel() else frames.shape[0]
+        frames = frames[:audio]
+        # Checked here, not in the batched decode, so a bad code fails its own request only.
+        bad = (frames < 0) | (frames >= self.codec.codebook_size)
+        if bool(bad.any()):
+            f, q = (int(i) for i in bad.nonzero()[0])
+            code, size = int(frames[f, q]), self.codec.codebook_size
+            raise ValueError(f"frame {chunk.start + f}, {self.code_noun} {q}: code {code} is outside {self.codec_name} {size}")
+        return frames.T, max(0, audio - chunk.context_count)
+
+    def preprocess(self, graph_walk: str, infos, prepared: list):
+        return prepared
+
+    def forward(self, graph_walk: str, infos, batch: list) -> list[dict[str, list[torch.Tensor]]]:
+        rows = [i for i, (_, new) in enumerate(batch) if new > 0]
+        out: list[dict[str, list[torch.Tensor]]] = [{self.output_name: []} for _ in batch]
+        if rows:
+            # One call for the whole batch: windows of any lengths run as one left-padded batch.
+            pcm = self.codec.decode_windows([batch[i][0] for i in rows], [batch[i][1] for i in rows])
+            for i, p in zip(rows, pcm):
+                out[i] = {self.output_name: [p[0].to(torch.float32)]}
+        return out

@@ -77,6 +77,7 @@ from pathlib import Path
 import torch
 
 from ...model.weights import WeightReader
+from ..windowed_codec import WindowedCodecNode, chunk_policy
 from .mimi import MimiDecoder, receptive_field
 
 INPUT = "frames"
@@ -87,21 +88,12 @@ DEFAULT_CHUNK_FRAMES = 8  # 640 ms of audio per chunk
 def codec_chunk_policy(
     decoder: MimiDecoder | dict, chunk: int = DEFAULT_CHUNK_FRAMES, max_left_context: int | None = None
 ) -> tuple[int, int]:
-    """(chunk, left_context) for the backbone -> codec LeftContextChunkPolicy, in frames.
-
-    decoder: a MimiDecoder, or the CSM (or Mimi) config.json dict, so a graph
-    can declare its connection without loading weights. left_context is the
-    decoder's whole receptive field (exact decode; see the module docstring),
-    or max_left_context when that is smaller (bounded cost, approximate past it).
-    """
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1 frame; got {chunk}")
+    """(chunk, left_context) for the backbone -> codec LeftContextChunkPolicy, in frames (windowed_codec
+    chunk_policy: Mimi's whole receptive field, or max_left_context when smaller; see the module docstring).
+    decoder: a MimiDecoder, or the CSM (or Mimi) config.json dict, so a graph can declare its connection
+    without loading weights."""
     left = receptive_field(decoder)[0] if isinstance(decoder, dict) else decoder.left_context_frames
-    if max_left_context is not None:
-        if max_left_context < 0:
-            raise ValueError(f"max_left_context must be >= 0; got {max_left_context}")
-        left = min(left, max_left_context)
-    return chunk, left
+    return chunk_policy(left, chunk, max_left_context)
 
 
 def _decoder_device(decoder: MimiDecoder) -> torch.device:
@@ -109,53 +101,18 @@ def _decoder_device(decoder: MimiDecoder) -> torch.device:
     return decoder.seanet[0][1].device
 
 
-class CsmCodecNode(torch.nn.Module):
+class CsmCodecNode(WindowedCodecNode):
     """The `codec` node's submodule: a batch of passes, one chunk of `frames` each -> `audio_chunk` PCM."""
 
     def __init__(self, decoder: MimiDecoder, eos: int = 0):
-        super().__init__()
         if decoder.audio_channels != 1:
             raise ValueError(f"CSM's codec emits mono audio; this Mimi has {decoder.audio_channels} channels")
-        self.decoder = decoder
+        super().__init__(decoder, decoder.num_codebooks, _decoder_device(decoder), INPUT, OUTPUT, "Mimi's", "codebook")
         self.eos = int(eos)
-        self.device = _decoder_device(decoder)
 
-    def prepare_inputs(self, graph_walk: str, info, inputs: dict[str, list[torch.Tensor]]):
-        """-> (window codes [K, frames] up to the first stop frame, number of new frames among them)."""
-        chunk = info.chunks[INPUT]
-        k = self.decoder.num_codebooks
-        # Items come one frame per tensor ([K]); a tensor of several frames ([n, K]) reads the same, in order.
-        items = [t[None] if t.dim() == 1 else t for t in inputs.get(INPUT, [])]
-        for t in items:
-            if t.dim() != 2 or t.shape[-1] != k or t.dtype.is_floating_point or t.dtype == torch.bool:
-                raise ValueError(f"a {INPUT!r} item must be {k} integer codes per frame; got {t.dtype} {tuple(t.shape)}")
-        frames = torch.cat(items).to(self.device, torch.int64) if items else torch.zeros(0, k, dtype=torch.int64, device=self.device)
-        if not 0 <= chunk.context_count <= frames.shape[0]:
-            raise ValueError(f"chunk {chunk.index} holds {frames.shape[0]} frames but {chunk.context_count} of context")
+    def is_stop(self, frames: torch.Tensor) -> torch.Tensor:
         # transformers decodes up to the first all-eos frame; the backbone's stop frame is its last item.
-        stops = (frames == self.eos).all(dim=-1).nonzero()
-        audio = int(stops[0, 0]) if stops.numel() else frames.shape[0]
-        frames = frames[:audio]
-        # Checked here, not in the batched decode, so a bad code fails its own request only.
-        bad = (frames < 0) | (frames >= self.decoder.codebook_size)
-        if bool(bad.any()):
-            f, q = (int(i) for i in bad.nonzero()[0])
-            code, size = int(frames[f, q]), self.decoder.codebook_size
-            raise ValueError(f"frame {chunk.start + f}, codebook {q}: code {code} is outside Mimi's {size}")
-        return frames.T, max(0, audio - chunk.context_count)
-
-    def preprocess(self, graph_walk: str, infos, prepared: list):
-        return prepared
-
-    def forward(self, graph_walk: str, infos, batch: list) -> list[dict[str, list[torch.Tensor]]]:
-        rows = [i for i, (_, new) in enumerate(batch) if new > 0]
-        out: list[dict[str, list[torch.Tensor]]] = [{OUTPUT: []} for _ in batch]
-        if rows:
-            # One call for the whole batch: equal-shaped windows run as one decoder batch.
-            pcm = self.decoder.decode_windows([batch[i][0] for i in rows], [batch[i][1] for i in rows])
-            for i, p in zip(rows, pcm):
-                out[i] = {OUTPUT: [p[0].to(torch.float32)]}
-        return out
+        return (frames == self.eos).all(dim=-1)
 
 
 def load_codec_node(model_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> CsmCodecNode:

@@ -55,7 +55,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from ...model.config import ConfigError, ModelConfig, _rope_config, read_json
+from ...model.config import ConfigError, ModelConfig, read_json, stack_config
 from ...model.decoder import DecoderModel
 from ...model.weights import WeightReader
 
@@ -92,37 +92,10 @@ def frame_stops(frames: torch.Tensor, eos: int = 0) -> torch.Tensor:
 
 
 def _stack_config(raw: dict[str, Any], what: str) -> ModelConfig:
-    """One Llama stack of CSM (CsmConfig's top level, or its depth_decoder_config) as a ModelConfig;
-    missing fields take CsmConfig's defaults."""
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{what}: unsupported hidden_act {raw['hidden_act']!r}; supported: silu")
-    try:
-        hidden, heads, layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
-        intermediate, vocab = int(raw["intermediate_size"]), int(raw["vocab_size"])
-    except KeyError as missing:
-        raise ConfigError(f"{what}: missing {missing}") from None
-    bias = bool(raw.get("attention_bias", False))  # CsmAttention: q, k, v and o alike
-    return ModelConfig(
-        architecture=ARCHITECTURE,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=False,
-        qkv_bias=bias,
-        o_bias=bias,
-        mlp_bias=bool(raw.get("mlp_bias", False)),
-        qk_norm=False,
-        rope=_rope_config(raw),
-        sliding_windows=[None] * layers,
-        torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
-        eos_token_ids=[],
-    )
+    """One Llama stack of CSM (CsmConfig's top level, or its depth_decoder_config); missing fields take
+    CsmConfig's defaults."""
+    return stack_config(raw, what, ARCHITECTURE, qk_norm=False, rms_norm_eps=1e-5, max_positions=2048,
+                        mlp_bias=bool(raw.get("mlp_bias", False)))
 
 
 def csm_backbone_config(config: dict[str, Any]) -> ModelConfig:

@@ -35,10 +35,8 @@ import numpy as np
 import torch
 
 from ...model.config import ModelConfig, read_json
+from ..frame_requests import FrameRequests
 from .model import CsmBackbone, CsmDepthDecoder, audio_frames, csm_backbone_config, frame_stops, read_codebook_tables
-
-_SEED_STRIDE = 1_000_003  # keeps the depth generators of different seeds apart
-
 
 def read_config(model_dir: Path) -> ModelConfig:
     """The backbone's shape (it sizes the KV cache) with the TEXT vocabulary: the engine's prompt ids are
@@ -84,61 +82,32 @@ def make_step_model(model_dir: Path):
     return lambda config, reader: CsmStepModel(config, reader, raw)
 
 
-class CsmFrames:
-    """The StepRunner's frame inputs and depth decoding (see the module docstring)."""
+class CsmFrames(FrameRequests):
+    """The StepRunner's frame inputs and depth decoding (see the module docstring); per slot, the request's
+    prompt frames [P, K+1]."""
 
     def __init__(self, model: CsmStepModel, stop_token_id: int):
+        super().__init__(seed_salt=7)
         self.model = model
         self.width = model.num_codebooks
         self.stop_token_id = stop_token_id
-        self.prompts: dict[int, tuple[int, torch.Tensor]] = {}  # slot -> (req_id, prompt frames [P, K+1])
-        self.generated: dict[int, list[np.ndarray]] = {}  # req_id -> its frames so far, each [K]
-        self.generators: dict[int, torch.Generator] = {}  # req_id -> its depth draws' generator
-        self.ended: set[int] = set()  # requests released while still in a slot (dropped at their removal)
 
     def check(self, prompt: torch.Tensor, req_id: int, num_prompt_tokens: int, num_tokens: int) -> str | None:
         """None, or what is wrong with an added request's prompt frames (the caller names the field)."""
         if prompt.dim() != 2 or tuple(prompt.shape) != (num_prompt_tokens, self.width + 1) or prompt.dtype != torch.int64:
             return f"prompt frames must be int64 [{num_prompt_tokens}, {self.width + 1}], got {prompt.dtype} {tuple(prompt.shape)}"
-        have = len(self.generated.get(req_id, ()))
-        if num_tokens - num_prompt_tokens > have:
-            return f"{num_tokens - num_prompt_tokens} output positions but this worker generated {have} frames for the request"
-        return None
+        return self.check_outputs(req_id, num_prompt_tokens, num_tokens)
 
     def add(self, slot: int, req_id: int, prompt: torch.Tensor, num_prompt_tokens: int, num_tokens: int) -> None:
         """A request added to `slot` (checked): its prompt frames, kept on the host like the generated frames
         (the store's copy is on the worker's device), so a step's input frames concatenate on one device."""
-        self.prompts[slot] = (req_id, prompt.cpu())
-        # The engine's outputs are the frames that count: any the worker made beyond them (none today:
-        # a preempted request keeps its token in flight) must not sit before the next one.
-        generated = self.generated.get(req_id)
-        if generated is not None:
-            del generated[num_tokens - num_prompt_tokens:]
-
-    def remove(self, slot: int) -> None:
-        entry = self.prompts.pop(slot, None)
-        if entry is not None and entry[0] in self.ended:
-            self._drop(entry[0])
-
-    def release(self, req_id: int) -> None:
-        """The graph request ended: its generated frames are no longer needed. A request that ends while
-        its rows still run (a client left; the engine's abort comes in a later step) keeps them until the
-        step that removes it."""
-        if any(r == req_id for r, _ in self.prompts.values()):
-            self.ended.add(req_id)
-        else:
-            self._drop(req_id)
-
-    def _drop(self, req_id: int) -> None:
-        self.ended.discard(req_id)
-        self.generated.pop(req_id, None)
-        self.generators.pop(req_id, None)
+        self.keep(slot, req_id, prompt.cpu(), num_prompt_tokens, num_tokens)
 
     def inputs(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's input rows: every position's frame embedding, as (indices, rows) for `replace`."""
         parts = []
         for slot, s, n in zip(slots.tolist(), start.tolist(), num_new.tolist()):
-            req_id, prompt = self.prompts[slot]
+            req_id, prompt = self.slots[slot]
             p = prompt.shape[0]
             if s < p:
                 parts.append(prompt[s:min(s + n, p)])
@@ -158,8 +127,7 @@ class CsmFrames:
         stops = frame_stops(frames, self.model.eos).cpu().numpy()
         out = frames.cpu().numpy().astype(np.int32)
         tokens = np.where(stops, self.stop_token_id, out[:, 0]).astype(np.int32)
-        for state, frame in zip(states, out):
-            self.generated.setdefault(state.req_id, []).append(frame)
+        self.append(states, out)
         return tokens, out
 
     def _sampler(self, states: list):
@@ -178,19 +146,7 @@ class CsmFrames:
                     kth = torch.topk(row, top_k).values[-1]
                     row = row.masked_fill(row < kth, float("-inf"))
                 probs = torch.softmax(row, dim=-1)
-                picks[i] = torch.multinomial(probs.cpu(), 1, generator=self._generator(state)).to(picks.device)[0]
+                picks[i] = torch.multinomial(probs.cpu(), 1, generator=self.generator(state)).to(picks.device)[0]
             return picks
 
         return sample
-
-    def _generator(self, state) -> torch.Generator:
-        g = self.generators.get(state.req_id)
-        if g is None:
-            g = torch.Generator()
-            seed = state.sampling.seed
-            if seed is None:
-                g.seed()
-            else:
-                g.manual_seed((int(seed) * _SEED_STRIDE + 7) % (2**63))
-            self.generators[state.req_id] = g
-        return g

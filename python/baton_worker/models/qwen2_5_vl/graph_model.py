@@ -71,6 +71,18 @@ def rope_positions(ids: np.ndarray, grids: np.ndarray, image_token_id: int, merg
     return positions
 
 
+def qwen_images(images: list[bytes], params: list[str], processing: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prompt's images decoded and preprocessed as the Qwen2-VL image processor does: (pixel_values,
+    image_grid_thw), empty for none; MediaError naming the part for an image that cannot be used."""
+    decoded = [decode_image(data, param) for data, param in zip(images, params)]
+    if not decoded:
+        return torch.zeros(0, 1), torch.zeros(0, 3, dtype=torch.int64)
+    try:
+        return preprocess_images(decoded, processing)
+    except ValueError as error:  # an aspect ratio the processor refuses (over 200:1)
+        raise MediaError(f"{', '.join(params)}: {error}") from None
+
+
 class QwenVision(NodeSubmodule):
     """pixel_values [patches, C*T*P*P] and image_grid_thw [images, 3] of each pass -> image_embeds [image tokens, text hidden],
     one forward over every image of the batch."""
@@ -149,18 +161,11 @@ class Qwen25VLGraphModel(VisionLanguageGraph):
         **kwargs: Any,
     ) -> dict[str, list[torch.Tensor]]:
         ids, images, params = prompt_images(kwargs)
-        decoded = [decode_image(data, param) for data, param in zip(images, params)]
-        if decoded:
-            try:
-                pixels, grids = preprocess_images(decoded, self.processing)
-            except ValueError as error:  # an aspect ratio the processor refuses (over 200:1)
-                raise MediaError(f"{', '.join(params)}: {error}") from None
-        else:
-            pixels, grids = torch.zeros(0, 1), torch.zeros(0, 3, dtype=torch.int64)
+        pixels, grids = qwen_images(images, params, self.processing)
         positions = rope_positions(ids, grids.numpy(), self.image_token_id, self.merge)
         return {
             TEXT_INPUTS: [torch.from_numpy(ids)],
-            PIXEL_VALUES: [pixels] if decoded else [],
-            IMAGE_GRID: [grids] if decoded else [],
+            PIXEL_VALUES: [pixels] if images else [],
+            IMAGE_GRID: [grids] if images else [],
             POSITIONS: [torch.from_numpy(positions)],
         }

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from ...model.weights import WeightReader
+from ..windowed_codec import WindowedCodecNode, chunk_policy
 from .code2wav import Code2Wav, receptive_field
 
 INPUT = "codes"
@@ -60,64 +61,24 @@ DEFAULT_CHUNK_FRAMES = 8  # 640 ms of audio per chunk
 
 def code2wav_chunk_policy(code2wav: Code2Wav | dict, chunk: int = DEFAULT_CHUNK_FRAMES,
                           max_left_context: int | None = None) -> tuple[int, int]:
-    """(chunk, left_context) in frames for the talker -> code2wav LeftContextChunkPolicy.
-
-    code2wav: a Code2Wav, or Qwen3-Omni's config.json dict (or its code2wav_config), so a graph can declare
-    its connection without loading weights. left_context is the whole receptive field (exact streaming),
-    or max_left_context when that is smaller (bounded cost, approximate past it)."""
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1 frame; got {chunk}")
+    """(chunk, left_context) in frames for the talker -> code2wav LeftContextChunkPolicy (windowed_codec
+    chunk_policy: code2wav's whole receptive field, or max_left_context when smaller). code2wav: a Code2Wav,
+    or Qwen3-Omni's config.json dict (or its code2wav_config), so a graph can declare its connection without
+    loading weights."""
     left = code2wav.left_context_frames if isinstance(code2wav, Code2Wav) else receptive_field(code2wav)[0]
-    if max_left_context is not None:
-        if max_left_context < 0:
-            raise ValueError(f"max_left_context must be >= 0; got {max_left_context}")
-        left = min(left, max_left_context)
-    return chunk, left
+    return chunk_policy(left, chunk, max_left_context)
 
 
-class Code2WavNode(torch.nn.Module):
+class Code2WavNode(WindowedCodecNode):
     """The `code2wav` node's submodule: a batch of passes, one chunk of `codes` each -> `audio_chunk` PCM."""
 
     def __init__(self, code2wav: Code2Wav, codec_eos: int):
-        super().__init__()
-        self.code2wav = code2wav
+        super().__init__(code2wav, code2wav.num_quantizers, code2wav.embedding.device, INPUT, OUTPUT, "code2wav's", "group")
         self.codec_eos = int(codec_eos)
-        self.device = code2wav.embedding.device
 
-    def prepare_inputs(self, graph_walk: str, info, inputs: dict[str, list[torch.Tensor]]):
-        """-> (window codes [G, frames] up to the first stop frame, number of new frames among them)."""
-        chunk = info.chunks[INPUT]
-        g = self.code2wav.num_quantizers
-        # Items come one frame per tensor ([G]); a tensor of several frames ([n, G]) reads the same, in order.
-        items = [t[None] if t.dim() == 1 else t for t in inputs.get(INPUT, [])]
-        for t in items:
-            if t.dim() != 2 or t.shape[-1] != g or t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
-                raise ValueError(f"a {INPUT!r} item must be {g} integer codes per frame; got {t.dtype} {tuple(t.shape)}")
-        frames = torch.cat(items).to(self.device, torch.int64) if items else torch.zeros(0, g, dtype=torch.int64, device=self.device)
-        if not 0 <= chunk.context_count <= frames.shape[0]:
-            raise ValueError(f"chunk {chunk.index} holds {frames.shape[0]} frames but {chunk.context_count} of context")
-        stops = (frames[:, 0] == self.codec_eos).nonzero()
-        audio = int(stops[0, 0]) if stops.numel() else frames.shape[0]
-        frames = frames[:audio]
-        # Checked here, not in the batched decode, so a bad code fails its own request only.
-        bad = (frames < 0) | (frames >= self.code2wav.codebook_size)
-        if bool(bad.any()):
-            f, q = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"frame {chunk.start + f}, group {q}: code {int(frames[f, q])} is outside code2wav's {self.code2wav.codebook_size}")
-        return frames.T, max(0, audio - chunk.context_count)
-
-    def preprocess(self, graph_walk: str, infos, prepared: list):
-        return prepared
-
-    def forward(self, graph_walk: str, infos, batch: list) -> list[dict[str, list[torch.Tensor]]]:
-        rows = [i for i, (_, new) in enumerate(batch) if new > 0]
-        out: list[dict[str, list[torch.Tensor]]] = [{OUTPUT: []} for _ in batch]
-        if rows:
-            # One call for the whole batch: windows of any lengths run as one left-padded batch.
-            pcm = self.code2wav.decode_windows([batch[i][0] for i in rows], [batch[i][1] for i in rows])
-            for i, p in zip(rows, pcm):
-                out[i] = {OUTPUT: [p[0].to(torch.float32)]}
-        return out
+    def is_stop(self, frames: torch.Tensor) -> torch.Tensor:
+        # The talker's stop frame (codebook 0 codec_eos) ends the stream; transformers decodes the frames before it.
+        return frames[:, 0] == self.codec_eos
 
 
 def load_code2wav_node(model_dir: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Code2WavNode:

@@ -44,9 +44,8 @@ from ...graph.node_runner import NodeSubmodule, PassInfo
 from ...model.config import ConfigError, read_json
 from ...model.weights import WeightReader
 from ..encoder_decoder import TEXT_INPUTS, EncoderDecoderGraph
-from ..qwen2_5_vl.graph_model import rope_positions
-from ..qwen2_5_vl.preprocess import preprocess_images
-from ..vision_language import MediaError, decode_image
+from ..qwen2_5_vl.graph_model import qwen_images, rope_positions
+from ..vision_language import MediaError, prompt_images
 from ..whisper.audio import decode_audio
 from .audio import AudioFeatures, Qwen3OmniAudioEncoder, audio_config, num_audio_tokens
 from .vision import Qwen3OmniVisionEncoder, read_image_processor_config, vision_config
@@ -154,9 +153,7 @@ class Qwen3OmniGraphModel(EncoderDecoderGraph):
         tensors: Any = None,
         **kwargs: Any,
     ) -> dict[str, list[torch.Tensor]]:
-        ids = np.asarray(kwargs.get("token_ids", []), np.int64)
-        images = [bytes(b) for b in kwargs.get("images", [])]
-        image_params = list(kwargs.get("image_params", [])) or [f"image {i}" for i in range(len(images))]
+        ids, images, image_params = prompt_images(kwargs)
         audios = [bytes(b) for b in kwargs.get("audios", [])]
         audio_params = list(kwargs.get("audio_params", [])) or [f"audio {i}" for i in range(len(audios))]
         is_audio, is_image = ids == self.audio_token_id, ids == self.image_token_id
@@ -172,14 +169,7 @@ class Qwen3OmniGraphModel(EncoderDecoderGraph):
                 features.extend(self.features([samples]))
             except ValueError as error:  # a clip too short for one STFT frame
                 raise MediaError(f"{param}: {error}") from None
-        decoded = [decode_image(data, param) for data, param in zip(images, image_params)]
-        if decoded:
-            try:
-                pixels, grids = preprocess_images(decoded, self.processing)
-            except ValueError as error:  # an aspect ratio the processor refuses (over 200:1)
-                raise MediaError(f"{', '.join(image_params)}: {error}") from None
-        else:
-            pixels, grids = torch.zeros(0, 1), torch.zeros(0, 3, dtype=torch.int64)
+        pixels, grids = qwen_images(images, image_params, self.processing)
 
         # Each placeholder becomes its part's run of tokens, in prompt order.
         audio_counts = iter([self._audio_tokens(f.shape[1]) for f in features])
@@ -195,15 +185,15 @@ class Qwen3OmniGraphModel(EncoderDecoderGraph):
             else:
                 runs.append(np.array([token], np.int64))
         expanded = np.concatenate(runs) if runs else ids
-        if decoded:
+        if images:
             positions = rope_positions(expanded, grids.numpy(), self.image_token_id, self.merge)
         else:
             positions = np.broadcast_to(np.arange(len(expanded), dtype=np.int64), (3, len(expanded))).copy()
         return {
             TEXT_INPUTS: [torch.from_numpy(expanded)],
             AUDIO_FEATURES: [f.cpu() for f in features],
-            PIXEL_VALUES: [pixels] if decoded else [],
-            IMAGE_GRID: [grids] if decoded else [],
+            PIXEL_VALUES: [pixels] if images else [],
+            IMAGE_GRID: [grids] if images else [],
             MEDIA_ORDER: [torch.tensor(order, dtype=torch.int64)] if order else [],
             POSITIONS: [torch.from_numpy(positions)],
             NUM_PROMPT_TOKENS: [torch.tensor([len(expanded)], dtype=torch.int64)],

@@ -76,7 +76,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...model.config import ConfigError, ModelConfig, _moe_config, _rope_config, read_json
+from ...model.config import ConfigError, ModelConfig, _moe_config, read_json, stack_config
 from ...model.decoder import DecoderModel
 from ...model.weights import WeightReader
 from ..csm.model import FrameAttention, Reader, Sample, _Stack, greedy
@@ -165,36 +165,8 @@ def _section(raw: dict[str, Any], key: str, where: str = "config.json") -> dict[
 
 
 def _stack_config(raw: dict[str, Any], what: str) -> ModelConfig:
-    """One of the talker's Qwen3-style stacks (q/k norms, no biases but attention_bias) as a ModelConfig."""
-    if raw.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{what}: unsupported hidden_act {raw['hidden_act']!r}; supported: silu")
-    try:
-        hidden, heads, layers = int(raw["hidden_size"]), int(raw["num_attention_heads"]), int(raw["num_hidden_layers"])
-        intermediate, vocab = int(raw["intermediate_size"]), int(raw["vocab_size"])
-    except KeyError as missing:
-        raise ConfigError(f"{what}: missing {missing}") from None
-    bias = bool(raw.get("attention_bias", False))
-    return ModelConfig(
-        architecture=ARCHITECTURE,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(raw.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 32768)),
-        tie_word_embeddings=False,
-        qkv_bias=bias,
-        o_bias=bias,
-        mlp_bias=False,
-        qk_norm=True,
-        rope=_rope_config(raw),
-        sliding_windows=[None] * layers,
-        torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),
-        eos_token_ids=[],
-    )
+    """One of the talker's Qwen3-style stacks (q/k norms, no biases but attention_bias)."""
+    return stack_config(raw, what, ARCHITECTURE, qk_norm=True, rms_norm_eps=1e-6, max_positions=32768)
 
 
 def talker_config(config: dict[str, Any]) -> ModelConfig:

@@ -49,9 +49,9 @@ import torch.nn.functional as F
 
 from ...graph.model import KvDecoderLayout
 from ..csm.model import Sample, greedy
+from ..frame_requests import FrameRequests
 from .talker import CODE_PREDICTOR_SAMPLING, Qwen3OmniTalker, TalkerLogitsRules, make_step_model, read_config
 
-_SEED_STRIDE = 1_000_003  # keeps the code predictor's generators of different seeds apart
 
 
 def talker_decoder_layout(model_dir: Path) -> KvDecoderLayout:
@@ -93,54 +93,27 @@ def top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-class TalkerFrames:
-    """The StepRunner's frame inputs and code predictor (see the module docstring)."""
+class TalkerFrames(FrameRequests):
+    """The StepRunner's frame inputs and code predictor (see the module docstring); per slot, the request's
+    prompt length Q and its talker_embeds."""
 
     def __init__(self, model: Qwen3OmniTalker):
+        super().__init__(seed_salt=11)
         self.model = model
         self.width = model.num_code_groups
         self.stop_token_id = model.eos  # codec_eos
         self.hidden = int(model.codec_table.shape[1])
-        self.rows: dict[int, tuple[int, int, torch.Tensor]] = {}  # slot -> (req_id, Q, talker_embeds [Q + S + 1, hidden])
-        self.generated: dict[int, list[np.ndarray]] = {}  # req_id -> its frames so far, each [G]
-        self.generators: dict[int, torch.Generator] = {}  # req_id -> its code predictor draws' generator
-        self.ended: set[int] = set()  # requests released while still in a slot (dropped at their removal)
 
     def check(self, rows: torch.Tensor, req_id: int, num_prompt_tokens: int, num_tokens: int) -> str | None:
         """None, or what is wrong with an added request's talker_embeds (the caller names the field)."""
         if rows.dim() != 2 or rows.shape[1] != self.hidden or not rows.dtype.is_floating_point or rows.shape[0] < num_prompt_tokens + 1:
             return (f"talker_embeds must be float [>= {num_prompt_tokens + 1}, {self.hidden}] (the {num_prompt_tokens} prompt rows, "
                     f"the text rows, the <tts_pad> row), got {rows.dtype} {tuple(rows.shape)}")
-        have = len(self.generated.get(req_id, ()))
-        if num_tokens - num_prompt_tokens > have:
-            return f"{num_tokens - num_prompt_tokens} output positions but this worker generated {have} frames for the request"
-        return None
+        return self.check_outputs(req_id, num_prompt_tokens, num_tokens)
 
     def add(self, slot: int, req_id: int, rows: torch.Tensor, num_prompt_tokens: int, num_tokens: int) -> None:
         """A request added to `slot` (checked): its rows, on the model's device in its dtype."""
-        self.rows[slot] = (req_id, num_prompt_tokens, rows.to(device=self.model.device, dtype=self.model.dtype))
-        # The engine's outputs are the frames that count: any the worker made beyond them must not sit before the next one.
-        generated = self.generated.get(req_id)
-        if generated is not None:
-            del generated[num_tokens - num_prompt_tokens:]
-
-    def remove(self, slot: int) -> None:
-        entry = self.rows.pop(slot, None)
-        if entry is not None and entry[0] in self.ended:
-            self._drop(entry[0])
-
-    def release(self, req_id: int) -> None:
-        """The graph request ended: its generated frames are no longer needed. A request that ends while its
-        rows still run keeps them until the step that removes it."""
-        if any(r == req_id for r, _, _ in self.rows.values()):
-            self.ended.add(req_id)
-        else:
-            self._drop(req_id)
-
-    def _drop(self, req_id: int) -> None:
-        self.ended.discard(req_id)
-        self.generated.pop(req_id, None)
-        self.generators.pop(req_id, None)
+        self.keep(slot, req_id, (num_prompt_tokens, rows.to(device=self.model.device, dtype=self.model.dtype)), num_prompt_tokens, num_tokens)
 
     def inputs(self, slots: np.ndarray, start: np.ndarray, num_new: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The step's input rows, every position's, as (indices, rows) for `replace`. The generated positions'
@@ -148,7 +121,7 @@ class TalkerFrames:
         parts: list[torch.Tensor | None] = []
         frames, text, holes = [], [], []  # generated positions: their frames, text rows and part index
         for slot, s, n in zip(slots.tolist(), start.tolist(), num_new.tolist()):
-            req_id, q, rows = self.rows[slot]
+            req_id, (q, rows) = self.slots[slot]
             if s < q:
                 parts.append(rows[s : min(s + n, q)])
             if s + n > q:
@@ -179,8 +152,7 @@ class TalkerFrames:
             codes, _ = self.model.code_predictor.frames(h.index_select(0, index), c0, self._sampler([states[i] for i in speak]))
             out[speak] = codes.cpu().numpy()
         out = out.astype(np.int32)
-        for state, frame in zip(states, out):
-            self.generated.setdefault(state.req_id, []).append(frame)
+        self.append(states, out)
         return tokens.astype(np.int32), out
 
     def _sampler(self, states: list) -> Sample:
@@ -197,19 +169,7 @@ class TalkerFrames:
             rows = torch.tensor(sampled, device=logits.device)
             probs = top_k_top_p(logits.index_select(0, rows) / temperature, top_k, top_p).softmax(dim=-1).cpu()
             for row, p in zip(sampled, probs):
-                picks[row] = torch.multinomial(p, 1, generator=self._generator(states[row]))[0].to(picks.device)
+                picks[row] = torch.multinomial(p, 1, generator=self.generator(states[row]))[0].to(picks.device)
             return picks
 
         return sample
-
-    def _generator(self, state) -> torch.Generator:
-        g = self.generators.get(state.req_id)
-        if g is None:
-            g = torch.Generator()
-            seed = state.sampling.seed
-            if seed is None:
-                g.seed()
-            else:
-                g.manual_seed((int(seed) * _SEED_STRIDE + 11) % (2**63))
-            self.generators[state.req_id] = g
-        return g
