@@ -5,9 +5,10 @@ images through Qwen3OmniMoeProcessor's chat template and the thinker's greedy ge
       writes the test's clips (16-bit mono WAV at 16 kHz: a.wav 1.3 s, b.wav 2.4 s, c.wav 0.6 s) and
       images (p.png 64x96, q.png 96x64) into DIR
   python qwen3_omni_reference.py chat MODEL_DIR MEDIA_DIR MAX_NEW_TOKENS < cases.json
-      cases: [[part, ...], ...], one user turn each; a part is {"text": ...}, {"audio": "a.wav"} or
-      {"image": "p.png"}; prints [{"prompt_ids": [...], "tokens": [...]}, ...] (the processor's
-      expanded prompt and the thinker's greedy tokens)
+      cases: a list, each [part, ...] (one user turn; a part is {"text": ...}, {"audio": "a.wav"} or
+      {"image": "p.png"}) or {"messages": [...]} (a text conversation as OpenAI's chat takes it); prints
+      [{"prompt_ids": [...], "tokens": [...]}, ...] (the processor's expanded prompt and the thinker's
+      greedy tokens)
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def chat(model_dir: Path, media: Path, cases: list, max_new_tokens: int) -> list
     thinker = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).thinker.eval()
     results = []
     for parts in cases:
+        if isinstance(parts, dict):
+            results.append(_greedy(processor, thinker, parts["messages"], max_new_tokens))
+            continue
         content = []
         for part in parts:
             if "audio" in part:
@@ -68,13 +72,18 @@ def chat(model_dir: Path, media: Path, cases: list, max_new_tokens: int) -> list
                 content.append({"type": "image", "image": Image.open(media / part["image"]).convert("RGB")})
             else:
                 content.append({"type": "text", "text": part["text"]})
-        inputs = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True,
-                                               return_dict=True, return_tensors="pt")
-        ids = inputs["input_ids"][0].tolist()
-        with torch.no_grad():
-            out = thinker.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        results.append({"prompt_ids": ids, "tokens": out[0, len(ids):].tolist()})
+        results.append(_greedy(processor, thinker, [{"role": "user", "content": content}], max_new_tokens))
     return results
+
+
+def _greedy(processor, thinker, messages: list, max_new_tokens: int) -> dict:
+    import torch
+
+    inputs = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt")
+    ids = inputs["input_ids"][0].tolist()
+    with torch.no_grad():
+        out = thinker.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return {"prompt_ids": ids, "tokens": out[0, len(ids):].tolist()}
 
 
 def main(argv: list[str]) -> int:

@@ -133,6 +133,20 @@ export function runPython(args: string[], input?: string): string {
   return result.stdout;
 }
 
+/** runPython without blocking: the reference can compute while a server starts. */
+export function runPythonAsync(args: string[], input = ""): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(python, args, { cwd: repoRoot, env: { ...process.env, PYTHONPATH: join(repoRoot, "python") }, stdio: ["pipe", "pipe", "pipe"] });
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    child.stdout.on("data", (b: Buffer) => out.push(b));
+    child.stderr.on("data", (b: Buffer) => err.push(b));
+    child.on("error", reject);
+    child.on("close", (code) => (code === 0 ? resolve(Buffer.concat(out).toString("utf8")) : reject(new Error(`python ${args.join(" ")} failed:\n${Buffer.concat(err).toString("utf8")}`))));
+    child.stdin.end(input);
+  });
+}
+
 /**
  * A random-weight HF model of a real architecture, with the Qwen3 tokenizer;
  * with tokenizerDir null, a 512-token vocabulary and no tokenizer files.

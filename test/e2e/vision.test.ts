@@ -5,12 +5,11 @@
 // cache keys image tokens by the image; bad media is a 400 naming the part.
 
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import { copyFileSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
 import { after, before, describe, test } from "node:test";
-import { demoModelDir, postJson, python, removeDir, repoRoot, runPython, startServer, tempDir, type RunningServer } from "./harness.js";
+import { demoModelDir, postJson, removeDir, repoRoot, runPython, runPythonAsync, startServer, tempDir, type RunningServer } from "./harness.js";
 
 const MAX_TOKENS = 10;
 const BLOCK_SIZE = 4;
@@ -51,19 +50,6 @@ function hfMessages(c: Case): { role: string; content: ({ type: "image" } | { ty
 }
 
 /** Runs beside the server's start-up (both mostly wait on torch loading). */
-function pythonAsync(args: string[], input: string): Promise<string> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(python, args, { cwd: repoRoot, env: { ...process.env, PYTHONPATH: join(repoRoot, "python") }, stdio: ["pipe", "pipe", "pipe"] });
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    child.stdout.on("data", (b: Buffer) => out.push(b));
-    child.stderr.on("data", (b: Buffer) => err.push(b));
-    child.on("error", reject);
-    child.on("close", (code) => (code === 0 ? resolve(Buffer.concat(out).toString("utf8")) : reject(new Error(`python ${args.join(" ")} failed:\n${Buffer.concat(err).toString("utf8")}`))));
-    child.stdin.end(input);
-  });
-}
-
 async function reference(modelDir: string, images: string, cases: Case[]): Promise<{ prompt_ids: number[]; tokens: number[] }[]> {
   const input = JSON.stringify({
     model_dir: modelDir,
@@ -73,7 +59,7 @@ async function reference(modelDir: string, images: string, cases: Case[]): Promi
       images: c.parts.flatMap((p) => ("image" in p ? [readFileSync(join(images, p.image)).toString("base64")] : [])),
     })),
   });
-  return (JSON.parse(await pythonAsync([join(repoRoot, "python", "tests", "llava_reference.py")], input)) as { results: { prompt_ids: number[]; tokens: number[] }[] }).results;
+  return (JSON.parse(await runPythonAsync([join(repoRoot, "python", "tests", "llava_reference.py")], input)) as { results: { prompt_ids: number[]; tokens: number[] }[] }).results;
 }
 
 /** A streamed chat's token ids (the SSE chunks' token_ids, in order). */
