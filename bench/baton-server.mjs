@@ -73,3 +73,16 @@ export async function chatRequestsPerSecond(url, n, concurrency, bodyOf, maxToke
   );
   return n / ((performance.now() - t0) / 1000);
 }
+
+/** `baton serve MODEL`, one warm-up run at concurrency 4, then run(url, c) for each level: level -> its result. */
+export async function servedLevels(model, levels, run) {
+  const results = {};
+  const server = await startBatonServer([model, "--log-level", "warn"]);
+  try {
+    await run(server.url, 4);
+    for (const c of levels) results[c] = await run(server.url, c);
+  } finally {
+    await server.stop();
+  }
+  return results;
+}

